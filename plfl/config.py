@@ -1,0 +1,230 @@
+"""Typed experiment configuration: schemas, loading, overrides and validation.
+
+A config is one YAML file plus ``key=value`` dot-list overrides (OmegaConf),
+checked against the dataclasses below before anything trains. Method sections
+are checked against the schema of the named method (``plfl.methods``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from plfl.errors import ConfigError
+
+DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib")
+PARTITIONS = ("dirichlet", "pathological", "iid")
+LOGGERS = ("csv", "wandb", "none")
+
+
+def checked(default: Any, check: Callable[[Any], bool], allowed: str, **kwargs: Any) -> Any:
+    """A dataclass field whose value must satisfy ``check``; ``allowed`` is said in the error."""
+    return field(default=default, metadata={"check": check, "allowed": allowed}, **kwargs)
+
+
+def one_of(default: str, choices: tuple[str, ...]) -> Any:
+    return checked(default, lambda v: v in choices, "one of " + ", ".join(choices))
+
+
+@dataclass
+class DataConfig:
+    """Which data set, and how it is split over clients (``data.*``)."""
+
+    source: str = one_of("digits", DATA_SOURCES)
+    # Directory of the files; relative paths resolve against the current directory.
+    root: Optional[str] = None
+    # Number of clients; ``pfllib`` takes it from config.json (a set value must agree).
+    num_clients: Optional[int] = checked(None, lambda v: v is None or v >= 1, "an integer >= 1")
+    partition: str = one_of("dirichlet", PARTITIONS)
+    # Dirichlet concentration β: smaller is more skewed.
+    beta: float = checked(0.1, lambda v: v > 0, "a number > 0")
+    # Pathological partition: distinct classes per client.
+    classes_per_client: int = checked(2, lambda v: v >= 1, "an integer >= 1")
+    # Fraction of each client's samples held out as its test split.
+    test_fraction: float = checked(0.25, lambda v: 0 < v < 1, "a number in (0, 1)")
+    # Dirichlet: every client gets at least this many samples (train + test).
+    min_samples: int = checked(10, lambda v: v >= 2, "an integer >= 2")
+    # Dirichlet: how many draws to try before giving up on ``min_samples``.
+    max_retries: int = checked(100, lambda v: v >= 1, "an integer >= 1")
+    # torchvision sources only; there is no network here, so it stays off by default.
+    download: bool = False
+
+
+@dataclass
+class ModelConfig:
+    """The network (``model.*``); input shape and class count come from the data."""
+
+    name: str = one_of("cnn", ("cnn", "mlp", "resnet18"))
+    # MLP only: widths of the hidden layers.
+    hidden_sizes: list[int] = field(default_factory=lambda: [200])
+
+
+@dataclass
+class FederationConfig:
+    """Rounds, client sampling and local training (``federation.*``)."""
+
+    rounds: int = checked(20, lambda v: v >= 0, "an integer >= 0")
+    # Fraction of clients sampled for training in each round.
+    join_ratio: float = checked(1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
+    local_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1")
+    batch_size: int = checked(10, lambda v: v >= 1, "an integer >= 1")
+    lr: float = checked(0.005, lambda v: v > 0, "a number > 0")
+    seed: int = 0
+    # Evaluate every this many rounds (the last round is always evaluated).
+    eval_every: int = checked(1, lambda v: v >= 1, "an integer >= 1")
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go besides the console (``logger.*``).
+
+    ``csv`` writes metrics.csv and clients.csv in the run directory; ``wandb``
+    does that and logs to Weights & Biases; ``none`` writes only config.yaml
+    and summary.json.
+    """
+
+    name: str = one_of("csv", LOGGERS)
+    project: str = "plfl"
+    entity: Optional[str] = None
+
+
+@dataclass
+class TrainerConfig:
+    """Options passed to the one Lightning ``Trainer`` (``trainer.*``)."""
+
+    accelerator: str = "cpu"
+    devices: int = 1
+    precision: str = "32-true"
+
+
+@dataclass
+class ExperimentConfig:
+    """The whole experiment; ``method`` is checked by the named method's own schema."""
+
+    # Run name: runs/<name>/<time>/; defaults to "<method>-<data source>".
+    name: Optional[str] = None
+    output_dir: str = "runs"
+    progress_bar: bool = True
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: Any = field(default_factory=lambda: {"name": "fedavg"})
+    federation: FederationConfig = field(default_factory=FederationConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfig:
+    """Read a YAML config, apply dot-list overrides and validate the result.
+
+    Returns the resolved, validated config as a DictConfig (``${...}`` resolved,
+    ``data.root`` made absolute, the method section filled with its defaults).
+
+    Raises:
+        ConfigError: the file is missing or not valid YAML (with the line), an
+            override is not ``key=value``, a key is unknown (with close
+            matches), a value has the wrong type or is out of range.
+    """
+    raw = OmegaConf.create() if path is None else _read_yaml(Path(path))
+    bad = [o for o in overrides if "=" not in o]
+    if bad:
+        raise ConfigError(f"Override {bad[0]!r} is not of the form key=value (e.g. federation.rounds=5).")
+    try:
+        raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"Could not apply the overrides {list(overrides)}: {e}") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"The config in {path} must be a mapping of sections (data, model, method, ...).")
+    return validate(raw)
+
+
+def validate(raw: DictConfig) -> DictConfig:
+    """Merge ``raw`` onto the schema defaults and check every key and value.
+
+    Raises:
+        ConfigError: see :func:`load_config`.
+    """
+    from plfl.methods import method_schema  # the registry imports this module
+
+    method_raw = raw.pop("method", None) or {"name": "fedavg"}
+    cfg = _merge(OmegaConf.structured(ExperimentConfig), raw)
+    method_raw = _merge(OmegaConf.create({"name": "fedavg"}), method_raw)
+    schema = method_schema(str(method_raw.name))
+    cfg.method = _merge(OmegaConf.structured(schema), method_raw, prefix="method.")
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"Could not resolve an interpolation in the config: {e}") from None
+    _check_ranges(OmegaConf.to_object(cfg), "")
+    if cfg.data.root is not None:
+        cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
+    if cfg.name is None:
+        cfg.name = f"{cfg.method.name}-{cfg.data.source}"
+    return cfg
+
+
+def _read_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"Config file {path} does not exist. Pass an existing YAML file to --config.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{path} is not valid YAML{where}: {problem}. Fix the file and run again.") from None
+    return OmegaConf.create(data or {})
+
+
+def _merge(schema: DictConfig, values: Any, prefix: str = "") -> DictConfig:
+    try:
+        return OmegaConf.merge(schema, values)
+    except ConfigKeyError as e:
+        raise ConfigError(_unknown_key_message(schema, prefix + (e.full_key or e.key or ""))) from None
+    except ValidationError as e:
+        key = prefix + (e.full_key or "")
+        raise ConfigError(
+            f"Config key '{key}' has a value of the wrong type: {e.msg.splitlines()[0]}. "
+            f"Expected {_expected_type(schema, key.removeprefix(prefix))}."
+        ) from None
+
+
+def _unknown_key_message(schema: DictConfig, full_key: str) -> str:
+    *parents, leaf = full_key.split(".")
+    node = schema
+    for part in parents:
+        node = node[part] if isinstance(node, DictConfig) and part in node else None
+        if node is None:
+            break
+    valid = sorted(node.keys()) if isinstance(node, DictConfig) else []
+    section = ".".join(parents)
+    close = difflib.get_close_matches(leaf, valid, n=3)
+    hint = f" Did you mean {', '.join(repr('.'.join(parents + [c])) for c in close)}?" if close else ""
+    where = f"section '{section}'" if section else "the top level"
+    return f"Unknown config key '{full_key}'.{hint} Valid keys in {where}: {', '.join(valid)}."
+
+
+def _expected_type(schema: DictConfig, key: str) -> str:
+    *parents, leaf = key.split(".")
+    obj: Any = OmegaConf.to_object(schema) if parents or leaf else None
+    for part in parents:
+        obj = getattr(obj, part, None)
+    hints = {f.name: f.type for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
+    return str(hints.get(leaf, "a value of the declared type"))
+
+
+def _check_ranges(obj: Any, prefix: str) -> None:
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        check = f.metadata.get("check")
+        if check is not None and not check(value):
+            raise ConfigError(f"Config key '{key}' must be {f.metadata['allowed']}; got {value!r}.")
+        if dataclasses.is_dataclass(value):
+            _check_ranges(value, key)

@@ -1,0 +1,175 @@
+"""Adaptive Local Aggregation (ALA), the local initialisation of FedALA.
+
+Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized Federated
+Learning", AAAI 2023, Eq. 3–5 and Algorithm 1 (lines 6–16). ALA is a
+component: any method can switch it on with ``method.ala: {...}``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+from plfl.config import checked
+from plfl.errors import ConfigError, PlflWarning
+from plfl.models import BodyHeadModel
+from plfl.state import Params
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class ALAConfig:
+    """ALA's hyperparameters (reference defaults; the paper used threshold 0.01)."""
+
+    # Percentage of the client's training data used to learn the weights.
+    s: float = checked(80.0, lambda v: 0 < v <= 100, "a percentage in (0, 100]")
+    # Number of parameter tensors, counted from the end, that ALA aggregates element-wise.
+    p: int = checked(2, lambda v: v >= 1, "an integer >= 1")
+    # Learning rate of the aggregation weights.
+    eta: float = checked(1.0, lambda v: v > 0, "a number > 0")
+    # Initial stage ends when the std of the last num_pre_loss epoch losses is below this.
+    threshold: float = checked(0.1, lambda v: v > 0, "a number > 0")
+    num_pre_loss: int = checked(10, lambda v: v >= 1, "an integer >= 1")
+    # Cap on the initial stage's epochs (the reference has none and can hang).
+    max_init_epochs: int = checked(100, lambda v: v >= 1, "an integer >= 1")
+
+
+@dataclass
+class ALAOutcome:
+    """The initialised local model, the updated weights W_i, and how many epochs ALA ran."""
+
+    params: Params
+    weights: Params  # W_i: name → tensor in [0, 1], shaped like the top-p parameters
+    epochs: int
+
+
+class AdaptiveLocalAggregation:
+    """Learns element-wise weights W_i that mix the global and the old local model.
+
+    With Θ the global model, Θ_i the client's old local model and the top p
+    parameter tensors (in ``named_parameters`` order, counted from the end):
+
+    - lower tensors: Θ̂ = Θ (Eq. 4);
+    - top tensors: Θ̂ = Θ_i + (Θ − Θ_i) ⊙ W_i (Eq. 3);
+    - per mini-batch of an s % sample of D_i:
+      W_i ← clamp(W_i − η · ∇_Θ̂ L(Θ̂) ⊙ (Θ − Θ_i), 0, 1) (Eq. 5), then recompute Θ̂.
+
+    The first time it runs for a client (W_i absent: the "initial stage") it
+    repeats epochs until more than ``num_pre_loss`` epoch losses are recorded
+    and the std of the last ``num_pre_loss`` is below ``threshold`` (the
+    recorded loss is each epoch's last batch loss), at most ``max_init_epochs``;
+    afterwards exactly one epoch.
+    """
+
+    def __init__(self, config: ALAConfig, model: nn.Module, batch_size: int):
+        self.config = config
+        self.model = model  # architecture only: parameters are supplied per call
+        self.batch_size = batch_size
+        names = [name for name, _ in model.named_parameters()]
+        if config.p > len(names):
+            raise ConfigError(f"ALA p={config.p} exceeds the model's {len(names)} parameter tensors; lower p.")
+        self.top = names[-config.p:]
+
+    def __call__(
+        self,
+        global_params: Params,
+        local_params: Params,
+        weights: Optional[Params],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        generator: torch.Generator,
+        client_id: int,
+    ) -> ALAOutcome:
+        """Initialise client ``client_id``'s model from the global and its old local model.
+
+        Args:
+            global_params / local_params: Θ and Θ_i (not modified).
+            weights: W_i from the client's last ALA, or None before its first (initial stage).
+            x: (n, *input_shape) training inputs, y: (n,) labels of the client.
+            generator: draws the s % sample.
+
+        Warns:
+            PlflWarning: the initial stage hit ``max_init_epochs`` before the losses settled.
+        """
+        cfg = self.config
+        initial_stage = weights is None
+        weights = {k: torch.ones_like(global_params[k]) for k in self.top} if initial_stage else dict(weights)
+        gap = {k: global_params[k] - local_params[k] for k in self.top}
+        self.model.train()
+        inputs, forward = self._forward(global_params, self._sample_batches(x, y, generator))
+
+        def mixed() -> Params:
+            return {k: (local_params[k] + gap[k] * weights[k]).requires_grad_() for k in self.top}
+
+        theta = mixed()
+        losses: list[float] = []
+        while True:
+            for inp, target in inputs:
+                loss = F.cross_entropy(forward(inp, theta), target)
+                grads = torch.autograd.grad(loss, [theta[k] for k in self.top])
+                for k, g in zip(self.top, grads):
+                    weights[k] = torch.clamp(weights[k] - cfg.eta * g * gap[k], 0, 1)
+                theta = mixed()
+            losses.append(loss.item())
+            if not initial_stage or self._settled(losses):
+                break
+            if len(losses) >= cfg.max_init_epochs:
+                self._warn_capped(client_id, losses)
+                break
+        params = {k: v.clone() for k, v in global_params.items()}
+        params.update({k: theta[k].detach() for k in self.top})
+        return ALAOutcome(params, weights, len(losses))
+
+    def _forward(self, global_params: Params, batches: list[Batch]) -> tuple[list[Batch], Callable]:
+        """The per-batch inputs and ``forward(input, top tensors) → logits`` with the rest fixed to Θ.
+
+        When only head tensors are aggregated, the body is the fixed global body
+        in every epoch, so its features are computed once per batch and the
+        epochs run the head alone: the same numbers at a fraction of the cost.
+        Buffers are copied so that BatchNorm statistics updated here are discarded.
+        """
+        fixed = {k: v.clone() for k, v in global_params.items() if k not in self.top}
+        if not (isinstance(self.model, BodyHeadModel) and all(k.startswith("head.") for k in self.top)):
+            return batches, lambda inp, theta: functional_call(self.model, {**fixed, **theta}, (inp,))
+        body, head = _submodule_params(fixed, "body."), _submodule_params(fixed, "head.")
+        with torch.no_grad():
+            features = [(functional_call(self.model.body, body, (xb,)), yb) for xb, yb in batches]
+        return features, lambda inp, theta: functional_call(
+            self.model.head, {**head, **_submodule_params(theta, "head.")}, (inp,)
+        )
+
+    def _warn_capped(self, client_id: int, losses: list[float]) -> None:
+        cfg = self.config
+        warnings.warn(
+            f"ALA's initial stage for client {client_id} stopped at method.max_init_epochs={cfg.max_init_epochs} "
+            f"epochs before its loss settled (std of the last {cfg.num_pre_loss} epoch losses "
+            f"{np.std(losses[-cfg.num_pre_loss:]):.4f} >= threshold {cfg.threshold}). "
+            "Raise method.threshold or method.max_init_epochs.",
+            PlflWarning,
+            stacklevel=3,
+        )
+
+    def _settled(self, losses: list[float]) -> bool:
+        n = self.config.num_pre_loss
+        return len(losses) > n and float(np.std(losses[-n:])) < self.config.threshold
+
+    def _sample_batches(
+        self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
+    ) -> list[Batch]:
+        """The s % sample of (x, y), in data order, cut into mini-batches (the same every epoch)."""
+        count = max(1, int(self.config.s / 100 * len(y)))
+        index = torch.randperm(len(y), generator=generator)[:count].sort().values
+        xs, ys = x[index], y[index]
+        return [(xs[i:i + self.batch_size], ys[i:i + self.batch_size]) for i in range(0, count, self.batch_size)]
+
+
+def _submodule_params(params: Params, prefix: str) -> Params:
+    return {k.removeprefix(prefix): v for k, v in params.items() if k.startswith(prefix)}

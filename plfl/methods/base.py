@@ -1,0 +1,131 @@
+"""The Method interface: the hooks a federation loop calls each round.
+
+A round, as :class:`plfl.federation.FederationLoop` runs it:
+
+1. every sampled client: ``local_train`` → ``post_train`` → ``client_message``;
+2. the server: ``aggregate`` of the received messages;
+3. every client: ``server_message`` → ``pre_local_init`` (its model for the
+   next round's training and for this round's evaluation).
+
+A method overrides only the hooks its algorithm changes. The default hooks
+are FedAvg's client side; ALA (FedALA) can be switched on for any method that
+keeps the default ``pre_local_init``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+from torch import nn
+
+from plfl.client import LocalTrainer, TrainResult
+from plfl.config import FederationConfig
+from plfl.data import FederatedData
+from plfl.methods.ala import ALAConfig, AdaptiveLocalAggregation
+from plfl.seeding import ALA_SUBSET, LOCAL_TRAINING, derive_seed
+from plfl.state import ClientStateStore, Params
+
+
+@dataclass
+class MethodConfig:
+    """Keys every method accepts (``method.*``)."""
+
+    name: str = "fedavg"
+    # Switch ALA on for this method's local initialisation (FedALA paper, Table 4).
+    ala: Optional[ALAConfig] = None
+
+
+@dataclass
+class FederationContext:
+    """What a method may use: the clients' data, their state store, and local training."""
+
+    data: FederatedData
+    store: ClientStateStore
+    model: nn.Module  # the architecture (its own weights are not the global model)
+    local_trainer: LocalTrainer
+    federation: FederationConfig
+
+
+class Method:
+    """Base class of FL methods; the defaults implement FedAvg's client side.
+
+    Subclasses set ``name`` and ``config_class`` and override hooks.
+    """
+
+    name: ClassVar[str]
+    config_class: ClassVar[type] = MethodConfig
+
+    def __init__(self, config: MethodConfig, context: FederationContext, initial_params: Params):
+        self.config = config
+        self.context = context
+        self.store = context.store
+        self.global_params = initial_params
+        ala = self.ala_config()
+        self.ala = None if ala is None else AdaptiveLocalAggregation(ala, context.model, context.federation.batch_size)
+
+    def ala_config(self) -> Optional[ALAConfig]:
+        return getattr(self.config, "ala", None)
+
+    def server_message(self, client_id: int) -> Optional[Params]:
+        """What the server sends client ``client_id`` this round (None: nothing is sent)."""
+        return self.global_params
+
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
+        """The client's model after receiving ``message``: its model for evaluation and training.
+
+        Default: overwrite the local model with the global one, or ALA's
+        initialisation when ALA is on and the client already has a local model.
+        """
+        local = self.store.get(client_id, "model")
+        if self.ala is None or local is None:
+            return {k: v.clone() for k, v in message.items()}
+        data = self.context.data.clients[client_id]
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, round_, client_id, ALA_SUBSET))
+        outcome = self.ala(message, local, self.store.get(client_id, "ala_weights"),
+                           data.x_train, data.y_train, generator, client_id)
+        self.store.set(client_id, "ala_weights", outcome.weights)
+        self.store.set(client_id, "ala_epochs", outcome.epochs)
+        return outcome.params
+
+    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+        """Train the client from ``params`` for ``federation.local_epochs`` epochs."""
+        data = self.context.data.clients[client_id]
+        return self.context.local_trainer.train(
+            params, data.x_train, data.y_train,
+            seed=derive_seed(self.seed, round_, client_id, LOCAL_TRAINING),
+            epochs=self.context.federation.local_epochs,
+        )
+
+    def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult:
+        """Adjust the trained model before upload (e.g. FedFTHA's head fine-tuning)."""
+        return result
+
+    def client_message(self, client_id: int, result: TrainResult) -> Optional[Params]:
+        """What the client uploads after training (None: nothing is sent)."""
+        return result.params
+
+    def aggregate(self, messages: dict[int, Params], round_: int) -> None:
+        """Update the server state (``self.global_params``) from the clients' messages."""
+        raise NotImplementedError
+
+    def round_metrics(self) -> dict[str, float]:
+        """Method statistics logged with each round's metrics (ALA: mean weight and epochs)."""
+        if self.ala is None:
+            return {}
+        weights = [w for i in range(len(self.store)) if (w := self.store.get(i, "ala_weights"))]
+        epochs = [e for i in range(len(self.store)) if (e := self.store.get(i, "ala_epochs"))]
+        if not weights:
+            return {}
+        flat = torch.cat([t.flatten() for w in weights for t in w.values()])
+        return {"ala_weight_mean": flat.mean().item(), "ala_epochs_mean": sum(epochs) / len(epochs)}
+
+    @property
+    def seed(self) -> int:
+        return self.context.federation.seed
+
+
+def numel(message: Optional[Params]) -> int:
+    """Number of scalars in a message (0 for None)."""
+    return 0 if message is None else sum(t.numel() for t in message.values())

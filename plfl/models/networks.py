@@ -1,0 +1,95 @@
+"""The model zoo: 4-layer CNN (FedAvg/PFLlib), MLP, ResNet-18.
+
+Every model is a :class:`BodyHeadModel`: ``body`` maps an input batch to a
+feature vector, ``head`` is the last classifier layer. Models take their
+input shape and class count from the data, so switching data sets needs no
+model change.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torchvision.models import resnet18
+
+from plfl.errors import ConfigError
+
+
+class BodyHeadModel(nn.Module):
+    """``head(body(x))``; ``body``: (B, *input_shape) → (B, F), ``head``: (B, F) → (B, classes) logits."""
+
+    def __init__(self, body: nn.Module, head: nn.Linear):
+        super().__init__()
+        self.body = body
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def cnn(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
+    """The 4-layer CNN of FedAvg (McMahan et al., 2017) as used by PFLlib and FedALA.
+
+    conv5×5(32) → ReLU → maxpool2 → conv5×5(64) → ReLU → maxpool2 → fc 512 → ReLU → fc classes.
+    The flattened dimension is 1024 on 28×28 inputs and 1600 on 32×32.
+    """
+    channels, height, width = _image_shape(input_shape, "cnn")
+    conv_out = lambda s: ((s - 4) // 2 - 4) // 2  # noqa: E731  two (valid conv5, pool2) stages
+    if conv_out(height) < 1 or conv_out(width) < 1:
+        raise ConfigError(
+            f"model.name=cnn needs images of at least 16×16 pixels; the data are {height}×{width}. "
+            "Use model.name=mlp for small inputs such as digits."
+        )
+    body = nn.Sequential(
+        nn.Conv2d(channels, 32, kernel_size=5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, kernel_size=5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * conv_out(height) * conv_out(width), 512), nn.ReLU(inplace=True),
+    )
+    return BodyHeadModel(body, nn.Linear(512, num_classes))
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> BodyHeadModel:
+    """Fully connected network: flatten → [Linear → ReLU] per hidden size → Linear classes."""
+    if not hidden_sizes:
+        raise ConfigError("model.hidden_sizes must list at least one hidden layer width for model.name=mlp.")
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(input_shape)
+    for hidden in hidden_sizes:
+        layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True)]
+        width = hidden
+    return BodyHeadModel(nn.Sequential(*layers), nn.Linear(width, num_classes))
+
+
+def resnet(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
+    """torchvision's ResNet-18 (random init), first convolution adapted to the input channels."""
+    channels, _, _ = _image_shape(input_shape, "resnet18")
+    net = resnet18(num_classes=num_classes)
+    if channels != 3:
+        net.conv1 = nn.Conv2d(channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    head = net.fc
+    net.fc = nn.Identity()
+    return BodyHeadModel(net, head)
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> BodyHeadModel:
+    """Build ``model.name`` for inputs of ``input_shape`` (no batch dim) and ``num_classes`` classes.
+
+    Raises:
+        ConfigError: unknown name, or inputs the network cannot take.
+    """
+    if name == "cnn":
+        return cnn(input_shape, num_classes)
+    if name == "mlp":
+        return mlp(input_shape, num_classes, list(hidden_sizes))
+    if name == "resnet18":
+        return resnet(input_shape, num_classes)
+    raise ConfigError(f"Unknown model.name {name!r}; valid names: cnn, mlp, resnet18.")
+
+
+def _image_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError(f"model.name={name} needs image inputs (C, H, W); the data have shape {input_shape}.")
+    return input_shape  # type: ignore[return-value]

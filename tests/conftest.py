@@ -1,0 +1,29 @@
+"""Shared fixtures: tiny in-memory federations and paths to the shared real data."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from plfl.data import ClientData, FederatedData
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+FEDALA_MNIST = SHARED_DATA / "fedala-mnist-dir0.1"
+
+
+@pytest.fixture
+def tiny_federation() -> FederatedData:
+    """4 clients, 8 features, 3 classes; client i holds 10·(i+1) training samples."""
+    g = torch.Generator().manual_seed(0)
+    clients = []
+    for i in range(4):
+        n = 10 * (i + 1)
+        clients.append(ClientData(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g),
+                                  torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)))
+    return FederatedData("tiny", clients, num_classes=3, input_shape=(8,))
+
+
+@pytest.fixture(autouse=True)
+def no_wandb(monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")

@@ -1,0 +1,75 @@
+"""ALA (FedALA, Eq. 3–5): hand-computed weight update, bounds, lower layers, skip and cap."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from plfl.errors import PlflWarning
+from plfl.methods.ala import AdaptiveLocalAggregation, ALAConfig
+from plfl.models import BodyHeadModel
+
+
+def params_of(model: nn.Module) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def one_update(eta: float) -> tuple:
+    """A 1→2 linear model without bias, one sample x=1 of class 0, W_i = 1 (after the initial stage)."""
+    model = nn.Linear(1, 2, bias=False)
+    ala = AdaptiveLocalAggregation(ALAConfig(s=100, p=1, eta=eta), model, batch_size=1)
+    global_params = {"weight": torch.tensor([[-1.0], [1.0]])}
+    local_params = {"weight": torch.tensor([[0.0], [0.0]])}
+    weights = {"weight": torch.ones(2, 1)}
+    x, y = torch.ones(1, 1), torch.tensor([0])
+    out = ala(global_params, local_params, weights, x, y, torch.Generator().manual_seed(0), client_id=0)
+    return out, global_params, local_params
+
+
+def test_one_weight_update_matches_hand_computation():
+    out, global_params, local_params = one_update(eta=0.5)
+    # θ̂ = Θ_i + (Θ − Θ_i)·1 = [-1, 1]ᵀ; logits [-1, 1]; softmax p = [1/(1+e²), e²/(1+e²)].
+    p0 = 1 / (1 + math.e**2)
+    grad = torch.tensor([[p0 - 1], [1 - p0]])  # ∂CE/∂θ̂ for y = 0, x = 1
+    gap = torch.tensor([[-1.0], [1.0]])  # Θ − Θ_i
+    expected_w = torch.clamp(1 - 0.5 * grad * gap, 0, 1)  # both entries 1 − 0.5·0.8808 = 0.5596
+    assert torch.allclose(out.weights["weight"], expected_w, atol=1e-6)
+    assert out.weights["weight"][0, 0].item() == pytest.approx(0.55960, abs=1e-4)
+    # The client starts from the recomputed θ̂ = Θ_i + (Θ − Θ_i) ⊙ W.
+    assert torch.allclose(out.params["weight"], gap * expected_w, atol=1e-6)
+    assert out.epochs == 1  # after the initial stage: exactly one epoch
+
+
+def test_weights_stay_in_unit_interval_and_lower_tensors_equal_global():
+    torch.manual_seed(0)
+    make = lambda: BodyHeadModel(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), nn.Linear(8, 3))  # noqa: E731
+    global_params, local_params = params_of(make()), params_of(make())
+    x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
+    ala = AdaptiveLocalAggregation(ALAConfig(s=80, p=2, eta=50.0, num_pre_loss=2, max_init_epochs=5), make(), 5)
+    out = ala(global_params, local_params, None, x, y, torch.Generator().manual_seed(1), client_id=0)
+    assert set(out.weights) == {"head.weight", "head.bias"}
+    for w in out.weights.values():
+        assert w.min() >= 0 and w.max() <= 1
+    assert any(((w > 0) & (w < 1)).any() for w in out.weights.values())  # learned, not just clamped
+    for key in ("body.0.weight", "body.0.bias"):
+        assert torch.equal(out.params[key], global_params[key])
+    assert not torch.equal(out.params["head.weight"], global_params["head.weight"])
+
+
+def test_initial_stage_cap_stops_a_non_converging_case_with_a_warning():
+    model = nn.Linear(3, 2)
+    # More losses are needed (num_pre_loss + 1) than the cap allows: it can never settle.
+    ala = AdaptiveLocalAggregation(ALAConfig(s=100, p=2, num_pre_loss=10, max_init_epochs=4), model, 4)
+    g, loc = params_of(nn.Linear(3, 2)), params_of(nn.Linear(3, 2))
+    with pytest.warns(PlflWarning, match=r"client 7 stopped at method.max_init_epochs=4"):
+        out = ala(g, loc, None, torch.randn(8, 3), torch.randint(0, 2, (8,)), torch.Generator(), client_id=7)
+    assert out.epochs == 4
+
+
+def test_initial_stage_runs_until_losses_settle():
+    model = nn.Linear(3, 2)
+    ala = AdaptiveLocalAggregation(ALAConfig(s=100, p=2, num_pre_loss=3, threshold=10.0), model, 4)
+    g, loc = params_of(nn.Linear(3, 2)), params_of(nn.Linear(3, 2))
+    out = ala(g, loc, None, torch.randn(8, 3), torch.randint(0, 2, (8,)), torch.Generator(), client_id=0)
+    assert out.epochs == 4  # needs more than num_pre_loss losses; a huge threshold settles at once
