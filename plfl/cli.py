@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--config", "-c", help="YAML config file (see configs/)")
     fit.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. federation.rounds=5")
     fit.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    fit.add_argument("--debug", action="store_true", help="show the traceback of a failure")
+    fit.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure")
     return parser
 
 

@@ -186,7 +186,7 @@ def _merge(schema: DictConfig, values: Any, prefix: str = "") -> DictConfig:
     try:
         return OmegaConf.merge(schema, values)
     except ConfigKeyError as e:
-        raise ConfigError(_unknown_key_message(schema, prefix + (e.full_key or e.key or ""))) from None
+        raise ConfigError(_unknown_key_message(schema, e.full_key or str(e.key), prefix)) from None
     except ValidationError as e:
         key = prefix + (e.full_key or "")
         raise ConfigError(
@@ -195,19 +195,20 @@ def _merge(schema: DictConfig, values: Any, prefix: str = "") -> DictConfig:
         ) from None
 
 
-def _unknown_key_message(schema: DictConfig, full_key: str) -> str:
-    *parents, leaf = full_key.split(".")
+def _unknown_key_message(schema: DictConfig, key: str, prefix: str) -> str:
+    *parents, leaf = key.split(".")
     node = schema
     for part in parents:
         node = node[part] if isinstance(node, DictConfig) and part in node else None
         if node is None:
             break
     valid = sorted(node.keys()) if isinstance(node, DictConfig) else []
-    section = ".".join(parents)
+    section = prefix + ".".join(parents)
     close = difflib.get_close_matches(leaf, valid, n=3)
-    hint = f" Did you mean {', '.join(repr('.'.join(parents + [c])) for c in close)}?" if close else ""
-    where = f"section '{section}'" if section else "the top level"
-    return f"Unknown config key '{full_key}'.{hint} Valid keys in {where}: {', '.join(valid)}."
+    full = lambda name: f"'{prefix}{'.'.join(parents + [name])}'"  # noqa: E731
+    hint = f" Did you mean {' or '.join(full(c) for c in close)}?" if close else ""
+    where = f"section '{section.rstrip('.')}'" if section else "the top level"
+    return f"Unknown config key {full(leaf)}.{hint} Valid keys in {where}: {', '.join(valid)}."
 
 
 def _expected_type(schema: DictConfig, key: str) -> str:

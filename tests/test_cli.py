@@ -1,0 +1,57 @@
+"""`plfl fit` from the command line: run directory, output, and failures without tracebacks."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def plfl(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env_cmd = [sys.executable, "-m", "plfl.cli", *args]
+    return subprocess.run(env_cmd, cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env={"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"})
+
+
+def test_quickstart_runs_and_writes_the_run_directory(tmp_path):
+    out = plfl("fit", "--config", "configs/quickstart.yaml", f"output_dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    last = out.stdout.strip().splitlines()[-1]
+    assert last.startswith("Run directory: ")
+    run_dir = Path(last.removeprefix("Run directory: "))
+    assert run_dir.parent == tmp_path / "quickstart"
+    assert {p.name for p in run_dir.iterdir()} >= {"config.yaml", "metrics.csv", "clients.csv", "summary.json"}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds"] == 20
+    for key in ("best_accuracy", "final_accuracy", "best_round", "seconds_per_round",
+                "params_sent_per_round", "params_received_per_round"):
+        assert summary[key] is not None, key
+    assert summary["best_accuracy"] > 0.8  # digits, Dir(0.1), 20 clients: measured 0.9x
+    assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 21
+    assert "round   20" in out.stderr  # the progress console prints every evaluated round
+
+
+def test_print_config_shows_the_resolved_config():
+    out = plfl("fit", "--config", "configs/fedala.yaml", "--print-config", "federation.rounds=7")
+    assert out.returncode == 0, out.stderr
+    assert "  rounds: 7" in out.stdout
+    assert str(ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1") in out.stdout  # root made absolute
+
+
+def test_bad_input_exits_nonzero_with_one_paragraph_and_no_traceback(tmp_path):
+    out = plfl("fit", "--config", "configs/quickstart.yaml", "federation.join_ratio=0", f"output_dir={tmp_path}")
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("plfl fit: Config key 'federation.join_ratio' must be a number in (0, 1]; "
+                                  "got 0.0.")
+    assert not any(tmp_path.iterdir())  # nothing written
+    debug = plfl("--debug", "fit", "--config", "configs/quickstart.yaml", "federation.join_ratio=0")
+    assert "Traceback" in debug.stderr
+
+
+def test_missing_data_directory_is_a_clear_error(tmp_path):
+    out = plfl("fit", "--config", "configs/fedala.yaml", f"data.root={tmp_path / 'nowhere'}",
+               f"output_dir={tmp_path}")
+    assert out.returncode == 2
+    assert "PFLlib data directory" in out.stderr and "does not exist" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,79 @@
+"""Config errors: each names the key, what is allowed, and the fix."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from plfl.config import load_config
+from plfl.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def error_of(*overrides, path=QUICKSTART) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides))
+    return str(info.value)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("federation.roundz=3", "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
+                            "Valid keys in section 'federation': batch_size, eval_every, join_ratio, "
+                            "local_epochs, lr, rounds, seed."),
+    ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
+    ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: data, federation, logger, method, model,"),
+    ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
+    ("federation.rounds=-1", "Config key 'federation.rounds' must be an integer >= 0; got -1."),
+    ("federation.join_ratio=0", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 0.0."),
+    ("federation.join_ratio=1.5", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 1.5."),
+    ("data.beta=0", "Config key 'data.beta' must be a number > 0; got 0.0."),
+    ("data.beta=-0.5", "Config key 'data.beta' must be a number > 0; got -0.5."),
+    ("federation.lr=0", "Config key 'federation.lr' must be a number > 0; got 0.0."),
+    ("method.s=0", "Config key 'method.s' must be a percentage in (0, 100]; got 0.0."),
+    ("data.source=imagenet", "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, "
+                             "cifar100, pfllib; got 'imagenet'."),
+    ("model.name=vgg", "Config key 'model.name' must be one of cnn, mlp, resnet18; got 'vgg'."),
+    ("method.name=fedprox", "Unknown method.name 'fedprox'; valid names: fedala, fedavg, local."),
+    ("federation.rounds", "Override 'federation.rounds' is not of the form key=value"),
+])
+def test_config_errors_name_the_key_and_the_fix(override, message):
+    assert message in error_of(override)
+
+
+def test_malformed_yaml_gives_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("data:\n  source: digits\nfederation:\n  rounds: [1, 2\n  lr: 0.1\n")
+    assert re.search(r"bad.yaml is not valid YAML at line \d+, column \d+", error_of(path=path))
+
+
+def test_missing_config_file(tmp_path):
+    assert "does not exist. Pass an existing YAML file to --config." in error_of(path=tmp_path / "nope.yaml")
+
+
+def test_overrides_interpolation_and_defaults():
+    cfg = load_config(QUICKSTART, ["federation.rounds=3", "name=run-${federation.rounds}", "method.p=1"])
+    assert cfg.name == "run-3"
+    assert cfg.method.p == 1 and cfg.method.threshold == 0.1  # method defaults filled in
+    assert cfg.data.test_fraction == 0.25
+
+
+def test_relative_data_root_resolves_against_cwd(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(QUICKSTART, ["data.root=some/dir"])
+    assert cfg.data.root == str(tmp_path / "some" / "dir")
+
+
+def test_ala_switches_on_for_fedavg():
+    fedavg = ROOT / "configs" / "fedavg.yaml"
+    cfg = load_config(fedavg, ["method.ala.s=50"])
+    assert cfg.method.ala.s == 50 and cfg.method.ala.p == 2
+    assert "Unknown config key 'method.ala.q'" in error_of("method.ala.q=1", path=fedavg)
+
+
+def test_keys_of_another_method_are_refused():
+    # quickstart.yaml sets FedALA's s, p, eta: FedAvg has no such keys.
+    assert "Unknown config key 'method.s'. Valid keys in section 'method': ala, name." in error_of(
+        "method.name=fedavg")
