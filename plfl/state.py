@@ -16,7 +16,7 @@ Params = dict[str, torch.Tensor]
 
 
 class ClientStateStore:
-    """Maps (client id, key) → a tensor or a dict of tensors.
+    """Maps (client id, key) → a tensor, a dict of tensors, or a number.
 
     The key ``"model"`` holds the client's personalized model (:data:`Params`).
     """

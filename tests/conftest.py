@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
+from plfl.config import validate
 from plfl.data import ClientData, FederatedData
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,3 +29,17 @@ def tiny_federation() -> FederatedData:
 @pytest.fixture(autouse=True)
 def no_wandb(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
+
+
+@pytest.fixture
+def digits_config(tmp_path):
+    """A factory of validated configs: 5 digits clients, MLP, 3 rounds, output in tmp_path; kwargs override keys."""
+
+    def make(**overrides):
+        base = {"output_dir": str(tmp_path), "progress_bar": False,
+                "data": {"source": "digits", "num_clients": 5, "beta": 0.5},
+                "model": {"name": "mlp", "hidden_sizes": [32]},
+                "federation": {"rounds": 3, "lr": 0.05, "batch_size": 20}}
+        return validate(OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])))
+
+    return make

@@ -3,10 +3,9 @@
 import lightning as L
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from plfl.client import ClientModule, LocalTrainer, build_trainer
-from plfl.config import FederationConfig, validate
+from plfl.config import FederationConfig
 from plfl.experiment import run_experiment
 from plfl.methods import FederationContext
 from plfl.methods.fedala import FedALA, FedALAConfig
@@ -77,16 +76,7 @@ def test_ala_skipped_at_first_initialisation_then_runs(tiny_federation):
     assert torch.equal(second["body.1.weight"], global_params["body.1.weight"])
 
 
-def digits_config(tmp_path, **overrides):
-    base = {"output_dir": str(tmp_path), "progress_bar": False,
-            "data": {"source": "digits", "num_clients": 5, "beta": 0.5},
-            "model": {"name": "mlp", "hidden_sizes": [32]},
-            "federation": {"rounds": 3, "lr": 0.05, "batch_size": 20}}
-    cfg = OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
-    return validate(cfg)
-
-
-def test_trainer_is_created_once_per_run(tmp_path, monkeypatch):
+def test_trainer_is_created_once_per_run(digits_config, monkeypatch):
     created = []
     original = L.Trainer.__init__
 
@@ -95,13 +85,13 @@ def test_trainer_is_created_once_per_run(tmp_path, monkeypatch):
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(L.Trainer, "__init__", counting_init)
-    run_dir, summary = run_experiment(digits_config(tmp_path, **{"method.name": "fedala"}))
+    run_dir, summary = run_experiment(digits_config(**{"method.name": "fedala"}))
     assert summary["status"] == "completed" and summary["rounds"] == 3
     assert len(created) == 1  # 5 clients × 3 rounds of fits and 4 evaluations on one Trainer
 
 
-def test_rounds_evaluated_and_communication_counted(tmp_path):
-    run_dir, summary = run_experiment(digits_config(tmp_path, **{"federation.join_ratio": 0.4}))
+def test_rounds_evaluated_and_communication_counted(digits_config):
+    run_dir, summary = run_experiment(digits_config(**{"federation.join_ratio": 0.4}))
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert len(rows) == 1 + 4  # header + rounds 0..3
     n_params = summary["num_parameters"]
@@ -111,16 +101,24 @@ def test_rounds_evaluated_and_communication_counted(tmp_path):
     assert len(clients) == 1 + 4 * 5
 
 
-def test_local_sends_nothing(tmp_path):
-    _, summary = run_experiment(digits_config(tmp_path, **{"method.name": "local"}))
+def test_local_sends_nothing(digits_config):
+    _, summary = run_experiment(digits_config(**{"method.name": "local"}))
     assert summary["params_sent_per_round"] == 0 and summary["params_received_per_round"] == 0
     assert summary["best_accuracy"] > 0.5
 
 
-def test_same_seed_same_metrics(tmp_path):
+def test_same_seed_same_metrics(digits_config):
     read = lambda d: (d / "clients.csv").read_text()  # noqa: E731
-    a, _ = run_experiment(digits_config(tmp_path, **{"method.name": "fedala"}))
-    b, _ = run_experiment(digits_config(tmp_path, **{"method.name": "fedala"}))
-    c, _ = run_experiment(digits_config(tmp_path, **{"method.name": "fedala", "federation.seed": 1}))
+    a, _ = run_experiment(digits_config(**{"method.name": "fedala"}))
+    b, _ = run_experiment(digits_config(**{"method.name": "fedala"}))
+    c, _ = run_experiment(digits_config(**{"method.name": "fedala", "federation.seed": 1}))
     assert read(a) == read(b)
     assert read(a) != read(c)
+
+
+def test_ala_switched_on_for_fedavg_learns_weights(digits_config):
+    run_dir, _ = run_experiment(digits_config(**{"method.name": "fedavg", "method.ala.s": 50}))
+    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    weight_mean = [row[header.index("ala_weight_mean")] for row in rows]
+    assert weight_mean[0] == ""  # round 0: ALA skipped, no weights yet
+    assert all(0 <= float(w) <= 1 for w in weight_mean[1:])
