@@ -61,7 +61,7 @@ class DataConfig:
 class ModelConfig:
     """The network (``model.*``); input shape and class count come from the data."""
 
-    name: str = one_of("cnn", ("cnn", "mlp", "resnet18"))
+    name: str = one_of("mlp", ("cnn", "mlp", "resnet18"))
     # MLP only: widths of the hidden layers.
     hidden_sizes: list[int] = field(default_factory=lambda: [200])
 
