@@ -76,6 +76,8 @@ class FederationConfig:
     local_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1")
     batch_size: int = checked(10, lambda v: v >= 1, "an integer >= 1")
     lr: float = checked(0.005, lambda v: v > 0, "a number > 0")
+    # SGD momentum of local training (FedFTHA uses 0.5); its buffer does not outlive a client's round.
+    momentum: float = checked(0.0, lambda v: 0 <= v < 1, "a number in [0, 1)")
     seed: int = 0
     # Evaluate every this many rounds (the last round is always evaluated).
     eval_every: int = checked(1, lambda v: v >= 1, "an integer >= 1")

@@ -39,7 +39,7 @@ def run_experiment(cfg: DictConfig) -> tuple[Path, dict[str, Any]]:
     model = build_model(cfg.model.name, data.input_shape, data.num_classes, cfg.model.hidden_sizes)
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    module = ClientModule(model, data.num_classes, federation.lr)
+    module = ClientModule(model, data.num_classes, federation.lr, federation.momentum)
     local_trainer = LocalTrainer(module, build_trainer(**cfg.trainer), federation.batch_size)
     context = FederationContext(data, ClientStateStore(len(data.clients)), model, local_trainer, federation)
     method_cls = method_class(cfg.method.name)

@@ -12,10 +12,13 @@ its own test split, as the reference code evaluates.
 from __future__ import annotations
 
 import time
+from functools import cached_property
 from typing import Any, Optional
 
+import torch
+
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
-from plfl.methods.base import FederationContext, Method, numel
+from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics
 from plfl.seeding import sample_clients
 
@@ -69,7 +72,7 @@ class FederationLoop:
         row: dict[str, Any] = {"round": round_}
         if round_ > 0:
             row.update(self._train_and_aggregate(round_))
-        row["params_sent"] = self._broadcast(round_)
+        row.update(self._broadcast(round_))
         clients: list[dict[str, Any]] = []
         if round_ % self.federation.eval_every == 0 or round_ == self.federation.rounds:
             evaluated, clients = self._evaluate(round_)
@@ -78,7 +81,7 @@ class FederationLoop:
         if self.best is not None:
             row["best_accuracy"], row["best_round"] = self.best
         row["seconds"] = time.perf_counter() - start
-        return RoundResult(round_, row, clients)
+        return RoundResult(round_, row, clients, self.method.round_tables(round_))
 
     def _train_and_aggregate(self, round_: int) -> dict[str, float]:
         """Local training of the sampled clients, then the server's aggregation."""
@@ -96,16 +99,17 @@ class FederationLoop:
         return {
             "train_loss": loss_sum / samples if samples else float("nan"),
             "params_received": sum(numel(m) for m in messages.values()),
+            "bytes_received": sum(nbytes(m) for m in messages.values()),
         }
 
-    def _broadcast(self, round_: int) -> int:
-        """Every client receives the server's message and initialises its model; returns scalars sent."""
-        sent = 0
+    def _broadcast(self, round_: int) -> dict[str, int]:
+        """Every client receives the server's message and initialises its model; returns what was sent."""
+        params = size = 0
         for client_id in range(self.num_clients):
             message = self.method.server_message(client_id)
-            sent += numel(message)
+            params, size = params + numel(message), size + nbytes(message)
             self.context.store.set(client_id, "model", self.method.pre_local_init(client_id, message, round_))
-        return sent
+        return {"params_sent": params, "bytes_sent": size}
 
     def _evaluate(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         results = {}
@@ -113,6 +117,11 @@ class FederationLoop:
             model = self.context.store.get(client_id, "model")
             results[client_id] = self.context.local_trainer.evaluate(model, data.x_test, data.y_test)
         metrics = federation_metrics(results)
+        global_model = self.method.global_model()
+        if global_model is not None:
+            x, y = self.union_test_split
+            result = self.context.local_trainer.evaluate(global_model, x, y)
+            metrics.update(global_accuracy=result.accuracy, global_test_loss=result.loss)
         if self.best is None or metrics["accuracy"] > self.best[0]:
             self.best = (metrics["accuracy"], round_)
         rows = [
@@ -121,6 +130,12 @@ class FederationLoop:
             for i, r in results.items()
         ]
         return metrics, rows
+
+    @cached_property
+    def union_test_split(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All clients' test samples together: the global model's test set."""
+        clients = self.context.data.clients
+        return torch.cat([c.x_test for c in clients]), torch.cat([c.y_test for c in clients])
 
     def summary(self, status: str) -> dict[str, Any]:
         """Best and final metrics and per-round costs of the rounds run so far.
@@ -143,6 +158,8 @@ class FederationLoop:
             "total_seconds": sum(r.metrics["seconds"] for r in self.history),
             "params_sent_per_round": mean("params_sent"),
             "params_received_per_round": mean("params_received"),
+            "bytes_sent_per_round": mean("bytes_sent"),
+            "bytes_received_per_round": mean("bytes_received"),
             "num_clients": self.num_clients,
             "num_parameters": self.run_info.num_parameters,
         }

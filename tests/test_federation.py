@@ -97,6 +97,7 @@ def test_rounds_evaluated_and_communication_counted(digits_config):
     n_params = summary["num_parameters"]
     assert summary["params_sent_per_round"] == 5 * n_params  # broadcast to every client
     assert summary["params_received_per_round"] == 2 * n_params  # int(0.4·5) clients upload
+    assert summary["bytes_sent_per_round"] == 4 * 5 * n_params  # float32
     clients = (run_dir / "clients.csv").read_text().splitlines()
     assert len(clients) == 1 + 4 * 5
 

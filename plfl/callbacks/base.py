@@ -29,13 +29,17 @@ class RoundResult:
     :func:`plfl.metrics.federation_metrics` (absent when the round was not
     evaluated), ``best_accuracy``/``best_round`` so far, ``train_loss`` (mean
     local training loss, sample-weighted), ``seconds`` (wall time),
-    ``params_sent``/``params_received`` (scalars the server sent/received), and
-    the method's own statistics. ``clients`` holds one row per client when evaluated.
+    ``params_sent``/``params_received`` (scalars the server sent/received),
+    ``bytes_sent``/``bytes_received`` (their size), ``global_accuracy`` when
+    the method has a global model to evaluate, and the method's own statistics.
+    ``clients`` holds one row per client when evaluated; ``tables`` the
+    method's per-round tables (:meth:`plfl.methods.base.Method.round_tables`).
     """
 
     round: int
     metrics: dict[str, Any]
     clients: list[dict[str, Any]] = field(default_factory=list)
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 class FederationCallback:

@@ -1,4 +1,4 @@
-"""Plain result files in the run directory: metrics.csv, clients.csv, summary.json."""
+"""Plain result files in the run directory: metrics.csv, clients.csv, tables/*.csv, summary.json."""
 
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ def csv_text(rows: list[dict[str, Any]]) -> str:
 
 class RunFiles(FederationCallback):
     """Writes summary.json at the end (also when the run fails) and, with
-    ``metrics=True``, metrics.csv (one row per round) and clients.csv (one row
-    per client per evaluated round), both rewritten after every round."""
+    ``metrics=True``, metrics.csv (one row per round), clients.csv (one row
+    per client per evaluated round) and the method's tables as
+    ``tables/<name>.csv`` (with a ``round`` column), rewritten after every round."""
 
     def __init__(self, metrics: bool = True):
         self.metrics = metrics
         self.rounds: list[dict[str, Any]] = []
         self.clients: list[dict[str, Any]] = []
+        self.tables: dict[str, list[dict[str, Any]]] = {}
 
     def on_fit_start(self, run: RunInfo) -> None:
         self.run_dir = run.run_dir
@@ -53,6 +55,11 @@ class RunFiles(FederationCallback):
         if result.clients:
             self.clients.extend(result.clients)
             write_atomically(self.run_dir / "clients.csv", csv_text(self.clients))
+        for name, rows in result.tables.items():
+            table = self.tables.setdefault(name, [])
+            table.extend({"round": result.round, **row} for row in rows)
+            (self.run_dir / "tables").mkdir(exist_ok=True)
+            write_atomically(self.run_dir / "tables" / f"{name}.csv", csv_text(table))
 
     def on_fit_end(self, summary: dict[str, Any]) -> None:
         write_atomically(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -11,7 +11,8 @@ from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
 
 class WandbRun(FederationCallback):
     """Logs each round's metrics against the step metric ``round``, a histogram of
-    per-client accuracies, and the summary; the run directory holds the W&B files."""
+    per-client accuracies, the method's tables (``wandb.Table``, e.g. pFedLA's
+    aggregation weights for a heatmap) and the summary; the run directory holds the W&B files."""
 
     def __init__(self, project: str, entity: str | None = None):
         self.project = project
@@ -34,6 +35,9 @@ class WandbRun(FederationCallback):
         metrics: dict[str, Any] = dict(result.metrics)
         if result.clients:
             metrics["client_accuracy"] = wandb.Histogram([c["accuracy"] for c in result.clients])
+        for name, rows in result.tables.items():
+            columns = list(dict.fromkeys(key for row in rows for key in row))
+            metrics[name] = wandb.Table(columns=columns, data=[[row.get(c) for c in columns] for row in rows])
         self.logger.experiment.log(metrics)
 
     def on_fit_end(self, summary: dict[str, Any]) -> None:

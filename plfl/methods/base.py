@@ -15,7 +15,7 @@ keeps the default ``pre_local_init``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -110,6 +110,16 @@ class Method:
         """Update the server state (``self.global_params``) from the clients' messages."""
         raise NotImplementedError
 
+    def global_model(self) -> Optional[Params]:
+        """The server's model to evaluate on the union of all clients' test splits
+        (logged as ``global_accuracy``); None (default): no global evaluation."""
+        return None
+
+    def round_tables(self, round_: int) -> dict[str, list[dict[str, Any]]]:
+        """Per-round tables too large for one metrics row (e.g. per-client statistics,
+        aggregation-weight matrices): name → rows; written to ``tables/<name>.csv``."""
+        return {}
+
     def round_metrics(self) -> dict[str, float]:
         """Method statistics logged with each round's metrics (ALA: mean weight and epochs)."""
         if self.ala is None:
@@ -129,3 +139,8 @@ class Method:
 def numel(message: Optional[Params]) -> int:
     """Number of scalars in a message (0 for None)."""
     return 0 if message is None else sum(t.numel() for t in message.values())
+
+
+def nbytes(message: Optional[Params]) -> int:
+    """Size of a message's tensors in bytes (0 for None)."""
+    return 0 if message is None else sum(t.numel() * t.element_size() for t in message.values())
