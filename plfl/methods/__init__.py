@@ -8,7 +8,11 @@ from plfl.methods.fedala import FedALA
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.local import Local
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (FedAvg, Local, FedALA)}
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (
+    FedAvg,
+    Local,
+    FedALA,
+)}
 
 
 def method_class(name: str) -> type[Method]:
