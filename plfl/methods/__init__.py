@@ -6,12 +6,15 @@ from plfl.errors import ConfigError
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.fedala import FedALA
 from plfl.methods.fedavg import FedAvg
+from plfl.methods.fedftha import FedFT, FedFTHA
 from plfl.methods.local import Local
 
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (
     FedAvg,
     Local,
     FedALA,
+    FedFT,
+    FedFTHA,
 )}
 
 

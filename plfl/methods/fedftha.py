@@ -1,0 +1,118 @@
+"""FedFTHA and FedFT: local head fine-tuning and server-side head aggregation.
+
+"FedFTHA: A Fine-Tuning and Head Aggregation Method in Federated Learning",
+IEEE IoT-J 2023, Eq. 5–9. The model is a body G (representation) and a head
+H (the last classifier layer, ``head.*``); every client keeps its own head.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from plfl.client import TrainResult
+from plfl.config import checked
+from plfl.errors import ConfigError
+from plfl.methods.base import FederationContext, Method, MethodConfig
+from plfl.methods.fedavg import weighted_average
+from plfl.seeding import POST_TRAINING, derive_seed
+from plfl.state import Params
+
+
+@dataclass
+class FedFTHAConfig(MethodConfig):
+    """τ_sync (Eq. 6) is ``federation.local_epochs``; τ_head (Eq. 7) is ``head_epochs``."""
+
+    name: str = "fedftha"
+    # Epochs of head-only training after the joint epochs, body frozen (FedFT, Eq. 7).
+    head_epochs: int = checked(5, lambda v: v >= 0, "an integer >= 0")
+
+
+@dataclass
+class FedFTConfig(FedFTHAConfig):
+    name: str = "fedft"
+
+
+class FedFTHA(Method):
+    """FedFT's client update plus FedHA's global head.
+
+    Client (``local_train`` + ``post_train``): τ_sync epochs on body and head
+    (Eq. 6), then τ_head epochs on the head alone (Eq. 7); it uploads both.
+    Server (``aggregate``): the new body is the unweighted mean of the
+    participants' bodies (Eq. 9); a head dictionary keeps each client's latest
+    head; the global head is the mean of all heads in it (FedHA, Eq. 8).
+
+    A client that has trained receives only the body and keeps its own head;
+    one that never trained receives the global model (body + global head).
+    The personalized model (evaluated per client) is the global body with the
+    client's head; the global model is evaluated on all clients' test data.
+    """
+
+    name = "fedftha"
+    config_class = FedFTHAConfig
+
+    def __init__(self, config: FedFTHAConfig, context: FederationContext, initial_params: Params):
+        super().__init__(config, context, initial_params)
+        self.head_keys = {k for k in initial_params if k.startswith("head.")}
+        self.head_parameters = {n for n, _ in context.model.named_parameters() if n.startswith("head.")}
+        self.heads: dict[int, Params] = {}  # client → its latest uploaded head
+
+    def ala_config(self) -> None:
+        if self.config.ala is not None:
+            raise ConfigError(f"method.ala cannot be combined with method.name={self.name} "
+                              "(it has its own local initialisation); remove it.")
+
+    def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult:
+        """τ_head epochs of head-only training; the reported loss stays that of the joint epochs."""
+        if self.config.head_epochs == 0:
+            return result
+        data = self.context.data.clients[client_id]
+        tuned = self.context.local_trainer.train(
+            result.params, data.x_train, data.y_train,
+            seed=derive_seed(self.seed, round_, client_id, POST_TRAINING),
+            epochs=self.config.head_epochs, trainable=self.head_parameters,
+        )
+        return TrainResult(tuned.params, result.loss, result.samples_seen + tuned.samples_seen)
+
+    def aggregate(self, messages: dict[int, Params], round_: int) -> None:
+        bodies = [self.body(m) for m in messages.values()]
+        for client_id, message in messages.items():
+            self.heads[client_id] = {k: message[k] for k in self.head_keys}
+        self.global_params = {**weighted_average(bodies, [1.0] * len(bodies)), **self.global_head()}
+
+    def global_head(self) -> Params:
+        """FedHA (Eq. 8): the mean of all stored heads (the current global head before any upload)."""
+        if not self.heads:
+            return {k: self.global_params[k] for k in self.head_keys}
+        return weighted_average(list(self.heads.values()), [1.0] * len(self.heads))
+
+    def server_message(self, client_id: int) -> Params:
+        return self.body(self.global_params) if client_id in self.heads else self.global_params
+
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
+        """The received body (and head, if sent) over the client's own model."""
+        local = self.store.get(client_id, "model") or {}
+        return {**local, **{k: v.clone() for k, v in message.items()}}
+
+    def global_model(self) -> Params:
+        return self.global_params
+
+    def round_metrics(self) -> dict[str, float]:
+        return {"heads_stored": len(self.heads)}
+
+    def body(self, params: Params) -> Params:
+        return {k: v for k, v in params.items() if k not in self.head_keys}
+
+
+class FedFT(FedFTHA):
+    """FedFTHA without head aggregation: clients that never trained keep the initial head,
+    and there is no global model to evaluate."""
+
+    name = "fedft"
+    config_class = FedFTConfig
+
+    def global_head(self) -> Params:
+        return {k: self.global_params[k] for k in self.head_keys}
+
+    def global_model(self) -> None:
+        return None
