@@ -1,0 +1,84 @@
+"""Every method on one federation with the same settings; prints a Markdown table.
+
+    python benchmarks/compare_methods.py [--rounds 10] [--methods fedavg fedala ...]
+
+Each method runs from its ``configs/<method>.yaml`` (data, model, method
+keys) with the federation settings below overriding the config's, so all
+methods share rounds, join ratio, local epochs, batch size, learning rate
+and momentum. A method whose run in ``--output-dir`` already reached
+``--rounds`` is not run again; figures are read from its metrics.csv up to
+``--rounds``: final and best accuracy (%), the global model's final accuracy
+where the method has one, mean seconds per training round (rounds 1..R) and
+megabytes sent/received per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+METHODS = ["fedavg", "local", "fedala", "selffl", "fedft", "fedftha", "pfedla", "heurpfedla"]
+# FedALA's reference setting (configs/fedala.yaml), shared by every method.
+FEDERATION = {"join_ratio": 1.0, "local_epochs": 1, "batch_size": 10, "lr": 0.005, "momentum": 0.0, "seed": 0}
+METHOD_KEYS = {"fedft": ["method.head_epochs=1"], "fedftha": ["method.head_epochs=1"], "heurpfedla": ["method.k=1"]}
+
+
+def completed_rows(run_root: Path, rounds: int) -> list[dict[str, str]] | None:
+    """Rounds 0..rounds of the latest run under ``run_root`` that got that far, else None."""
+    for run_dir in sorted(run_root.glob("*"), reverse=True):
+        metrics = run_dir / "metrics.csv"
+        rows = list(csv.DictReader(metrics.open())) if metrics.exists() else []
+        if len(rows) > rounds:
+            return rows[: rounds + 1]
+    return None
+
+
+def run(method: str, rounds: int, output_dir: Path) -> None:
+    overrides = [f"federation.{k}={v}" for k, v in FEDERATION.items()] + METHOD_KEYS.get(method, [])
+    # The plfl script installed beside this interpreter, activated or not.
+    command = [str(Path(sys.executable).parent / "plfl"), "fit", "--config", f"configs/{method}.yaml", f"name={method}",
+               f"output_dir={output_dir}", f"federation.rounds={rounds}", "progress_bar=false", *overrides]
+    print("$", " ".join(command), file=sys.stderr, flush=True)
+    subprocess.run(command, check=True)
+
+
+def table_row(method: str, rows: list[dict[str, str]]) -> str:
+    def number(row: dict[str, str], key: str) -> float | None:
+        return float(row[key]) if row.get(key) else None
+
+    accuracy = [number(r, "accuracy") for r in rows]
+    evaluated = [a for a in accuracy if a is not None]
+    trained = rows[1:]
+    mean = lambda key: sum(number(r, key) or 0.0 for r in trained) / len(trained)  # noqa: E731
+    global_accuracy = number(rows[-1], "global_accuracy")
+    cells = [
+        method, f"{100 * evaluated[-1]:.2f}", f"{100 * max(evaluated):.2f} (r{accuracy.index(max(evaluated))})",
+        "–" if global_accuracy is None else f"{100 * global_accuracy:.2f}",
+        f"{mean('seconds'):.1f}", f"{mean('bytes_sent') / 1e6:.1f}", f"{mean('bytes_received') / 1e6:.1f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--output-dir", type=Path, default=Path("runs/compare"))
+    args = parser.parse_args()
+    results = {}
+    for method in args.methods:
+        if completed_rows(args.output_dir / method, args.rounds) is None:
+            run(method, args.rounds, args.output_dir)
+        results[method] = completed_rows(args.output_dir / method, args.rounds)
+    print(f"Rounds: {args.rounds}; federation: {FEDERATION}; method keys: {METHOD_KEYS}")
+    print("| method | final acc. | best acc. (round) | global model acc. | s/round | MB sent/round | MB received/round |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for method, rows in results.items():
+        print(table_row(method, rows))
+
+
+if __name__ == "__main__":
+    main()
