@@ -7,6 +7,7 @@ import pytest
 
 from plfl.config import load_config
 from plfl.errors import ConfigError
+from plfl.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +23,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
 @pytest.mark.parametrize("override, message", [
     ("federation.roundz=3", "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
                             "Valid keys in section 'federation': batch_size, eval_every, join_ratio, "
-                            "local_epochs, lr, rounds, seed."),
+                            "local_epochs, lr, momentum, rounds, seed."),
     ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
     ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: data, federation, logger, method, model,"),
     ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
@@ -36,7 +37,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
     ("data.source=imagenet", "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, "
                              "cifar100, pfllib; got 'imagenet'."),
     ("model.name=vgg", "Config key 'model.name' must be one of cnn, mlp, resnet18; got 'vgg'."),
-    ("method.name=fedprox", "Unknown method.name 'fedprox'; valid names: fedala, fedavg, local."),
+    ("method.name=fedprox", f"Unknown method.name 'fedprox'; valid names: {', '.join(sorted(METHODS))}."),
     ("federation.rounds", "Override 'federation.rounds' is not of the form key=value"),
 ])
 def test_config_errors_name_the_key_and_the_fix(override, message):
