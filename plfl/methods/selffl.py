@@ -1,0 +1,310 @@
+"""Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware personalized federated learning.
+
+"Self-Aware Personalized Federated Learning", Sections 2–3 and Algorithm 1,
+with the formulas as pinned down in ``papers/METHODS.md`` ("Self-FL"). The
+paper's two-level Gaussian model (Eq. 1): θ_m ~ N(θ_0, σ_0²) across clients,
+client m's local optimum z_m ~ N(θ_m, σ_m²). Precision weights
+w_m = (σ_0² + σ_m²)⁻¹ and W = Σ_m w_m drive three rules: the leave-one-out
+initialisation of local training (Eq. 9–10), the number of local steps
+(Eq. 8/16) and the variance-weighted aggregation (Eq. 11). The variances are
+estimated online from the uploaded models (Eq. 13–14).
+
+Variances of multi-dimensional models are scalars: the per-coordinate sample
+variance averaged over all floating-point coordinates (the paper's trace
+divided by the number of coordinates; the rules only use ratios of
+variances, so the scale does not matter).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from plfl.client import TrainResult
+from plfl.config import checked, one_of
+from plfl.errors import ConfigError
+from plfl.methods.base import FederationContext, Method, MethodConfig
+from plfl.methods.fedavg import weighted_average
+from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.state import Params
+
+# Scalars riding along with the models, as 0-dim float64 tensors (bytes are counted).
+SIGMA_SQ = "selffl/sigma_sq"  # upload: σ_m² (NaN while the client has fewer than two uploads)
+SIGMA0_SQ = "selffl/sigma0_sq"  # download: σ_0² (NaN until known)
+TOTAL_WEIGHT = "selffl/total_weight"  # download: W = Σ_m w_m (NaN until known)
+SCALARS = (SIGMA_SQ, SIGMA0_SQ, TOTAL_WEIGHT)
+
+
+@dataclass
+class SelfFLConfig(MethodConfig):
+    """Self-FL's keys; the local learning rate η of Eq. 8 is ``federation.lr``."""
+
+    name: str = "selffl"
+    # Start of local training: "loo" = global model without the client's share (Eq. 10); "global" = ablation.
+    init: str = one_of("loo", ("loo", "global"))
+    # Local SGD steps l_m are clipped to [l_min, l_max] (paper: l_max = 40, Sec. 4.2).
+    l_min: int = checked(1, lambda v: v >= 1, "an integer >= 1")
+    l_max: int = checked(40, lambda v: v >= 1, "an integer >= 1")
+    # Rounds of plain FedAvg (federation.local_epochs epochs, sample-size weights) before Self-FL.
+    warmup_rounds: int = checked(2, lambda v: v >= 0, "an integer >= 0")
+    # Floor of σ_m² and σ_0² (per-coordinate variances), so that the precisions stay finite.
+    eps: float = checked(1e-10, lambda v: v > 0, "a number > 0")
+
+
+# ---- The math (pure functions; scalars are Python floats, models are Params) ----
+
+
+def precision_weight(sigma0_sq: float, sigma_sq: float) -> float:
+    """w_m = (σ_0² + σ_m²)⁻¹ (Self-FL, Eq. 2 and 11); variances in squared parameter units."""
+    return 1.0 / (sigma0_sq + sigma_sq)
+
+
+def leave_one_out(weight: float, total_weight: float) -> tuple[float, float]:
+    """Client m's share w̃_m = w_m / W of the global model, and v_{-m} = 1 / (W − w_m),
+    the posterior variance of θ_0 without client m (Self-FL, Eq. 2 without m, Eq. 9).
+
+    Raises:
+        ValueError: W ≤ w_m (no other client contributes).
+    """
+    if total_weight <= weight:
+        raise ValueError(f"W = {total_weight} must exceed the client's own weight {weight}")
+    return weight / total_weight, 1.0 / (total_weight - weight)
+
+
+def loo_init(global_params: Params, personal: Params, share: float) -> Params:
+    """INIT_m = (Θ^{t-1} − w̃_m Θ_m^{t-1}) / (1 − w̃_m): the global model with client m's
+    share w̃_m ∈ [0, 1) removed (Self-FL, Eq. 9–10). Integer buffers come from the global model."""
+    return {k: (g - share * personal[k]) / (1 - share) if g.is_floating_point() else g.clone()
+            for k, g in global_params.items()}
+
+
+def local_steps(sigma_sq: float, sigma0_sq: float, loo_variance: float, lr: float,
+                l_min: int, l_max: int) -> int:
+    """l_m = ⌈log(σ_m² / (σ_m² + σ_0² + v_{-m})) / log(1 − η)⌉ in [l_min, l_max] (Self-FL, Eq. 8, 16).
+
+    ``l`` gradient steps with rate η ∈ (0, 1) on ½(θ − z_m)² from INIT give
+    (1 − (1−η)^l) z_m + (1−η)^l INIT (Eq. 6); this l makes (1−η)^l the
+    posterior weight of the leave-one-out prior, σ_m² / (σ_m² + σ_0² + v_{-m}).
+    """
+    ratio = sigma_sq / (sigma_sq + sigma0_sq + loo_variance)
+    # The tolerance keeps exact powers (ratio = (1−η)^k) at k despite rounding.
+    steps = math.ceil(math.log(ratio) / math.log(1 - lr) - 1e-9)
+    return min(max(steps, l_min), l_max)
+
+
+def welford_update(count: int, mean: Optional[Params], m2: Optional[Params],
+                   x: Params) -> tuple[int, Params, Params]:
+    """One more observation ``x`` in per-coordinate running statistics (Welford; Self-FL, Eq. 13–14, App. E).
+
+    ``mean`` and ``m2`` (sum of squared deviations) are shaped like ``x``'s
+    floating-point tensors, None when ``count`` is 0. Returns new tensors.
+    """
+    x = floating(x)
+    if count == 0:
+        return 1, {k: v.clone() for k, v in x.items()}, {k: torch.zeros_like(v) for k, v in x.items()}
+    count += 1
+    new_mean = {k: mean[k] + (v - mean[k]) / count for k, v in x.items()}
+    new_m2 = {k: m2[k] + (v - mean[k]) * (v - new_mean[k]) for k, v in x.items()}
+    return count, new_mean, new_m2
+
+
+def welford_variance(count: int, m2: Optional[Params]) -> float:
+    """The sample variance (n − 1 denominator) of each coordinate, averaged over all coordinates;
+    NaN for fewer than two observations."""
+    if count < 2:
+        return math.nan
+    total = sum(v.sum(dtype=torch.float64).item() for v in m2.values())
+    return total / ((count - 1) * sum(v.numel() for v in m2.values()))
+
+
+def across_variance(models: list[Params]) -> float:
+    """σ_0² before flooring: the variance of ``models`` across clients, per coordinate, averaged
+    over coordinates (Self-FL, Eq. 14); NaN for fewer than two models."""
+    count, mean, m2 = 0, None, None
+    for model in models:
+        count, mean, m2 = welford_update(count, mean, m2, model)
+    return welford_variance(count, m2)
+
+
+def smooth(previous: Params, estimate: Params, rate: float) -> Params:
+    """Θ^t = (1 − C) Θ^{t-1} + C Θ̂^t, C the client activity rate (Self-FL, Sec. 4.1)."""
+    return weighted_average([previous, estimate], [1 - rate, rate])
+
+
+def floating(params: Params) -> Params:
+    """The floating-point tensors of ``params`` (the coordinates whose variances are estimated)."""
+    return {k: v for k, v in params.items() if v.is_floating_point()}
+
+
+def scalar(value: Optional[float]) -> torch.Tensor:
+    """A 0-dim float64 tensor to send; None becomes NaN ("not known yet")."""
+    return torch.tensor(math.nan if value is None else value, dtype=torch.float64)
+
+
+def known(value: torch.Tensor) -> Optional[float]:
+    """The float in a received 0-dim tensor, None for NaN."""
+    value = value.item()
+    return None if math.isnan(value) else value
+
+
+class SelfFL(Method):
+    """Self-FL: leave-one-out initialisation, variance-driven local steps and aggregation.
+
+    Client m in round t (``local_train``): from what it received last
+    (Θ^{t-1}, σ_0², W) and its own σ_m², w_m = (σ_0² + σ_m²)⁻¹, w̃_m = w_m / W,
+    v_{-m} = 1 / (W − w_m); it trains l_m SGD steps (Eq. 8, clipped to
+    [l_min, l_max], η = ``federation.lr``) from INIT_m (Eq. 10, its latest
+    personal model Θ_m^{t-1}; ``init: global`` starts from Θ^{t-1}). It then
+    adds the trained Θ_m^t to its running per-coordinate statistics (Welford)
+    and uploads Θ_m^t with σ_m² (Eq. 13), floored at ``eps``.
+
+    Server (``aggregate``): σ_0² is the across-client variance of the round's
+    uploads (Eq. 14, floored at ``eps``); Θ̂^t = Σ_{S_t} w_m Θ_m^t / Σ_{S_t} w_m
+    (Eq. 11), smoothed as Θ^t = (1 − C) Θ^{t-1} + C Θ̂^t with C =
+    ``federation.join_ratio``. W sums w_m over all clients, a client without a
+    σ_m² yet counted with the mean of the known ones, so that w̃_m ≈ client
+    m's share in the smoothed global model and v_{-m} is Eq. 2's posterior
+    variance over the whole population. It downloads Θ^t, σ_0² and W.
+
+    Warm-up: rounds 1..``warmup_rounds`` are plain FedAvg (training from
+    Θ^{t-1} for ``federation.local_epochs`` epochs, sample-size weights), and
+    so is a client's training while it has uploaded fewer than twice (its σ_m²
+    is undefined) or no other client is known (W = w_m); the statistics
+    accumulate meanwhile. The aggregation stays FedAvg until σ_0² and some
+    σ_m² are known. (The first Self-FL initialisation removes w̃_m Θ_m from
+    a FedAvg average, an approximation for that one round.)
+
+    Evaluated model: the client's personalized model, its latest trained Θ_m
+    (the paper's Fig. 3); ``pre_local_init`` returns it (Θ^{t-1} for a client
+    that never trained) and keeps the received message, from which
+    ``local_train`` computes INIT_m. The global model Θ^t is evaluated on the
+    union of the test splits.
+    """
+
+    name = "selffl"
+    config_class = SelfFLConfig
+
+    def __init__(self, config: SelfFLConfig, context: FederationContext, initial_params: Params):
+        super().__init__(config, context, initial_params)
+        if not 0 < context.federation.lr < 1:
+            raise ConfigError("Self-FL's step rule (Eq. 8) needs federation.lr in (0, 1); "
+                              f"got {context.federation.lr}.")
+        if config.l_min > config.l_max:
+            raise ConfigError(f"method.l_min ({config.l_min}) must not exceed method.l_max ({config.l_max}).")
+        self.sigma0_sq: Optional[float] = None
+        self.sigma_sq: dict[int, float] = {}  # client → its latest uploaded σ_m² (server side)
+        self.total_weight: Optional[float] = None
+        self.trained: list[int] = []  # the clients that uploaded in the last round
+
+    def ala_config(self) -> None:
+        if self.config.ala is not None:
+            raise ConfigError("method.ala cannot be combined with method.name=selffl "
+                              "(Self-FL has its own local initialisation, Eq. 10); remove it.")
+
+    # ---- client side ----
+
+    def server_message(self, client_id: int) -> Params:
+        """Θ^{t-1} with the two scalars σ_0² and W (what is sent, and so counted)."""
+        return {**self.global_params, SIGMA0_SQ: scalar(self.sigma0_sq),
+                TOTAL_WEIGHT: scalar(self.total_weight)}
+
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
+        """Keep the message for the next training; the client's model stays its personal Θ_m."""
+        self.store.set(client_id, "selffl_received", message)
+        if self.store.get(client_id, "selffl_count", 0) == 0:
+            return {k: v.clone() for k, v in message.items() if k not in SCALARS}
+        return self.store.get(client_id, "model")
+
+    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+        """l_m SGD steps from INIT_m (FedAvg's epochs from Θ^{t-1} in the warm-up), then update σ_m²."""
+        received = self.store.get(client_id, "selffl_received")
+        global_params = {k: v for k, v in received.items() if k not in SCALARS}
+        plan = self.plan(client_id, received, round_)
+        if plan is None:
+            result = super().local_train(client_id, global_params, round_)
+        else:
+            share, steps = plan
+            start = loo_init(global_params, params, share) if self.config.init == "loo" else global_params
+            data = self.context.data.clients[client_id]
+            result = self.context.local_trainer.train(
+                start, data.x_train, data.y_train,
+                seed=derive_seed(self.seed, round_, client_id, LOCAL_TRAINING), steps=steps,
+            )
+        self.store.set(client_id, "selffl_steps", None if plan is None else plan[1])
+        count, mean, m2 = welford_update(self.store.get(client_id, "selffl_count", 0),
+                                         self.store.get(client_id, "selffl_mean"),
+                                         self.store.get(client_id, "selffl_m2"), result.params)
+        self.store.set(client_id, "selffl_count", count)
+        self.store.set(client_id, "selffl_mean", mean)
+        self.store.set(client_id, "selffl_m2", m2)
+        variance = welford_variance(count, m2)
+        self.store.set(client_id, "selffl_sigma_sq", None if math.isnan(variance) else max(variance, self.config.eps))
+        return result
+
+    def plan(self, client_id: int, received: Params, round_: int) -> Optional[tuple[float, int]]:
+        """(w̃_m, l_m) for Self-FL training in ``round_``, or None for FedAvg-style training."""
+        sigma_sq = self.store.get(client_id, "selffl_sigma_sq")
+        sigma0_sq, total_weight = known(received[SIGMA0_SQ]), known(received[TOTAL_WEIGHT])
+        if round_ <= self.config.warmup_rounds or None in (sigma_sq, sigma0_sq, total_weight):
+            return None
+        weight = precision_weight(sigma0_sq, sigma_sq)
+        if total_weight <= weight:
+            return None
+        share, loo_variance = leave_one_out(weight, total_weight)
+        lr = self.context.federation.lr
+        return share, local_steps(sigma_sq, sigma0_sq, loo_variance, lr, self.config.l_min, self.config.l_max)
+
+    def client_message(self, client_id: int, result: TrainResult) -> Params:
+        return {**result.params, SIGMA_SQ: scalar(self.store.get(client_id, "selffl_sigma_sq"))}
+
+    # ---- server side ----
+
+    def aggregate(self, messages: dict[int, Params], round_: int) -> None:
+        models = {i: {k: v for k, v in m.items() if k != SIGMA_SQ} for i, m in messages.items()}
+        for client_id, message in messages.items():
+            if (sigma_sq := known(message[SIGMA_SQ])) is not None:
+                self.sigma_sq[client_id] = sigma_sq
+        if len(models) >= 2:
+            self.sigma0_sq = max(across_variance(list(models.values())), self.config.eps)
+        self.trained = list(messages)
+        weights = self.population_weights()
+        self.total_weight = None if weights is None else sum(weights)
+        if round_ <= self.config.warmup_rounds or weights is None:
+            sizes = [self.context.data.clients[i].num_train for i in models]
+            self.global_params = weighted_average(list(models.values()), sizes)
+        else:
+            estimate = weighted_average(list(models.values()), [weights[i] for i in models])
+            self.global_params = smooth(self.global_params, estimate, self.context.federation.join_ratio)
+
+    def population_weights(self) -> Optional[list[float]]:
+        """w_m of every client, one without a known σ_m² counted with their mean;
+        None until σ_0² and some σ_m² are known."""
+        if self.sigma0_sq is None or not self.sigma_sq:
+            return None
+        mean = sum(self.sigma_sq.values()) / len(self.sigma_sq)
+        return [precision_weight(self.sigma0_sq, self.sigma_sq.get(i, mean)) for i in range(len(self.store))]
+
+    def global_model(self) -> Params:
+        return self.global_params
+
+    def round_metrics(self) -> dict[str, float]:
+        metrics = {} if self.sigma0_sq is None else {"selffl_sigma0_sq": self.sigma0_sq}
+        sigmas = [s for i in self.trained if (s := self.store.get(i, "selffl_sigma_sq")) is not None]
+        steps = [s for i in self.trained if (s := self.store.get(i, "selffl_steps")) is not None]
+        if sigmas:
+            metrics["selffl_sigma_sq_mean"] = sum(sigmas) / len(sigmas)
+        if steps:
+            metrics["selffl_local_steps_mean"] = sum(steps) / len(steps)
+        return metrics
+
+    def round_tables(self, round_: int) -> dict[str, list[dict[str, Any]]]:
+        """σ_m² and l_m of the clients that trained this round (empty cells: not defined yet / warm-up)."""
+        if round_ == 0:
+            return {}
+        rows = [{"client": i, "uploads": self.store.get(i, "selffl_count"),
+                 "sigma_sq": self.store.get(i, "selffl_sigma_sq"), "local_steps": self.store.get(i, "selffl_steps")}
+                for i in self.trained]
+        return {"selffl_clients": rows}
