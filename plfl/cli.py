@@ -1,8 +1,9 @@
-"""Command line: ``plfl fit --config X.yaml [key=value ...]``."""
+"""Command line: ``plfl fit --config X.yaml [key=value ...]``, ``plfl sweep X.yaml [--count N] [key=value ...]``."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
@@ -20,6 +21,15 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. federation.rounds=5")
     fit.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     fit.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure")
+    sweep = commands.add_parser("sweep", help="run a W&B sweep file offline, one trial after another")
+    sweep.add_argument("sweep_file", help="W&B sweep YAML whose command runs plfl fit (see sweeps/)")
+    sweep.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides for every trial")
+    sweep.add_argument("--count", type=int, metavar="N",
+                       help="stop once the sweep holds N trials, earlier runs' included "
+                            "(default: the file's run_cap; a grid ends by itself)")
+    sweep.add_argument("--retry-failed", action="store_true", help="run the trials that failed before again")
+    sweep.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the traceback of a failure")
     return parser
 
 
@@ -39,23 +49,48 @@ def fit(args: argparse.Namespace) -> None:
     print(f"Run directory: {run_dir}")
 
 
+def sweep(args: argparse.Namespace) -> int:
+    """Returns 1 when a trial in the sweep failed (its error is in the table), else 0."""
+    from plfl.sweep import print_results, run_sweep
+
+    # There is no sweep server: W&B runs of the trials stay offline unless WANDB_MODE says otherwise.
+    os.environ.setdefault("WANDB_MODE", "offline")
+    result = run_sweep(args.sweep_file, args.overrides, args.count, args.retry_failed)
+    print_results(result)
+    failed = sum(t["status"] == "failed" for t in result.trials)
+    if failed:
+        print(f"{failed} of {len(result.trials)} trials failed; the error column says why "
+              "(--retry-failed runs them again).", file=sys.stderr)
+    return 1 if failed else 0
+
+
+COMMANDS = {"fit": fit, "sweep": sweep}
+INTERRUPTED = {"fit": "rounds finished so far are in the run directory",
+               "sweep": "finished trials are saved; run the same command again to continue"}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``plfl`` script; returns the exit status.
 
     Exit status: 0 success, 2 bad input (config, data), 1 any other failure,
     130 interrupted. Failures print one paragraph to stderr; ``--debug`` adds the traceback.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # argparse fills every positional at its first one, so `sweep X.yaml --count 3 a=b` leaves a=b over.
+    if extra and args.command == "sweep" and not any(e.startswith("-") for e in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        fit(args)
+        return COMMANDS[args.command](args) or 0
     except PlflError as e:
         return _fail(args, f"plfl {args.command}: {e}", 2)
     except KeyboardInterrupt:
-        return _fail(args, f"plfl {args.command}: interrupted; rounds finished so far are in the run directory.", 130)
+        return _fail(args, f"plfl {args.command}: interrupted; {INTERRUPTED[args.command]}.", 130)
     except Exception as e:  # noqa: BLE001  anything else still gets one readable paragraph
         return _fail(args, f"plfl {args.command} failed: {type(e).__name__}: {e}. "
                            "Re-run with --debug to see the traceback.", 1)
-    return 0
 
 
 def _fail(args: argparse.Namespace, message: str, status: int) -> int:

@@ -1,0 +1,366 @@
+"""Offline W&B sweeps: ``plfl sweep sweeps/X.yaml [--count N] [key=value ...]``.
+
+A sweep file is an ordinary W&B sweep (``wandb sweep`` + ``wandb agent`` run it
+online). Here W&B's own search engine, the ``sweeps`` package, proposes each
+trial (grid, random or bayes) with no server; the trial runs in this process
+exactly as ``plfl fit --config <the command's config> <the command's key=value
+args> <trial parameters> <extra overrides>`` would, and its summary metric goes
+back to the engine. The sweep directory ``<output_dir>/sweeps/<file stem>/``
+holds ``trials.json`` (the state, rewritten after every trial, from which an
+interrupted sweep continues), ``results.csv`` and ``results.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from plfl.callbacks.files import csv_text, write_atomically
+from plfl.config import load_config
+from plfl.errors import ConfigError
+
+with warnings.catch_warnings():
+    # sweeps 0.2.0 declares pydantic-v1 config keys; pydantic 2 warns on import, harmlessly.
+    warnings.simplefilter("ignore")
+    import sweeps
+    from sweeps import RunState, SweepRun
+
+SEARCH_METHODS = ("grid", "random", "bayes")
+# summary.json keys every results table shows, beside the sweep's own metric.
+SUMMARY_COLUMNS = ("best_accuracy", "final_accuracy", "seconds_per_round")
+# Distributions whose min and max are parameter values (log_uniform's are exponents).
+VALUE_BOUNDED = ("int_uniform", "uniform", "q_uniform", "log_uniform_values", "q_log_uniform_values")
+EXAMPLE_COMMAND = 'command: ["${env}", plfl, fit, --config, configs/X.yaml, "${args_no_hyphens}"]'
+
+
+@dataclass
+class Sweep:
+    """A parsed sweep file.
+
+    ``search`` is the file without ``run_cap`` (W&B's key, absent from the
+    engine's schema); ``config_path`` and ``overrides`` come from its command.
+    """
+
+    path: Path
+    search: dict[str, Any]
+    run_cap: Optional[int]
+    config_path: str
+    overrides: list[str]
+
+    @property
+    def metric(self) -> Optional[str]:
+        return self.search.get("metric", {}).get("name")
+
+    @property
+    def goal(self) -> str:
+        return self.search.get("metric", {}).get("goal", "minimize")  # W&B's default
+
+
+@dataclass
+class SweepResult:
+    """Every trial in the sweep directory, earlier invocations' included, in trial order."""
+
+    sweep: Sweep
+    sweep_dir: Path
+    trials: list[dict[str, Any]]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat row per trial: trial, parameters, metrics, status, run_dir, error."""
+        return [{"trial": t["trial"], **t["parameters"], **t["metrics"], "status": t["status"],
+                 "run_dir": t["run_dir"], "error": t["error"]} for t in self.trials]
+
+    def best(self) -> Optional[dict[str, Any]]:
+        """The completed trial with the best value of the sweep's metric (None without one)."""
+        metric = self.sweep.metric
+        scored = [t for t in self.trials if t["status"] == "completed" and t["metrics"].get(metric) is not None]
+        if not scored:
+            return None
+        pick = max if self.sweep.goal == "maximize" else min
+        return pick(scored, key=lambda t: t["metrics"][metric])
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check a W&B sweep file for an offline run.
+
+    Raises:
+        ConfigError: the file is missing or not YAML; it breaks W&B's sweep
+            schema (e.g. no ``parameters``, an unknown ``method``); its search
+            method is not grid, random or bayes; ``run_cap`` is not a positive
+            integer; or its ``command`` does not run ``plfl fit --config X``
+            with ``${args_no_hyphens}``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Sweep file {path} does not exist. Pass an existing W&B sweep YAML (see sweeps/).")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}. Fix the file and run again.") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must be a mapping with method, metric, parameters and command.")
+    data = dict(data)
+    run_cap = data.pop("run_cap", None)
+    if run_cap is not None and (not isinstance(run_cap, int) or isinstance(run_cap, bool) or run_cap < 1):
+        raise ConfigError(f"{path}: run_cap must be an integer >= 1; got {run_cap!r}.")
+    try:
+        violations = sweeps.schema_violations_from_proposed_config(data)
+    except ValueError as e:  # a parameter that is not a mapping
+        violations = [str(e)]
+    if violations:
+        raise ConfigError(f"{path} is not a valid W&B sweep file: {'; '.join(violations)}. "
+                          "See https://docs.wandb.ai/guides/sweeps/sweep-config-keys.")
+    if data["method"] not in SEARCH_METHODS:
+        raise ConfigError(f"{path}: method {data['method']!r} needs W&B's server; "
+                          f"plfl sweep runs {', '.join(SEARCH_METHODS)}.")
+    if data["method"] == "bayes" and "metric" not in data:
+        raise ConfigError(f"{path}: bayes search needs a metric, e.g. metric: {{name: best_accuracy, goal: maximize}}.")
+    config_path, overrides = parse_command(data, path)
+    return Sweep(path, data, run_cap, config_path, overrides)
+
+
+def parse_command(search: dict[str, Any], path: Path) -> tuple[str, list[str]]:
+    """The ``--config`` file and the fixed ``key=value`` args of the sweep's ``plfl fit`` command.
+
+    Macros expand as ``wandb agent`` expands them; paths stay relative to the
+    current directory, as they are for the agent.
+
+    Raises:
+        ConfigError: no command, not ``plfl fit``, no ``--config``, no
+            ``${args_no_hyphens}``, or another argument plfl cannot pass on.
+    """
+    command = search.get("command")
+    if not command:
+        raise ConfigError(f"{path} has no command; plfl sweep reads the config from one like {EXAMPLE_COMMAND}")
+    macros = {"${env}": "/usr/bin/env", "${interpreter}": "python", "${program}": str(search.get("program"))}
+    envvar = re.compile(r"\$\{envvar:([A-Z0-9_]*)\}")
+    tokens = [macros.get(t, envvar.sub(lambda m: os.environ.get(m.group(1), m.group(1)), t))
+              for t in map(str, command)]
+    if "fit" not in tokens or not any("plfl" in t for t in tokens[:tokens.index("fit")]):
+        raise ConfigError(f"{path}: the command {' '.join(tokens)} does not run plfl fit; write {EXAMPLE_COMMAND}")
+    config_path, overrides, passes_parameters = None, [], False
+    rest = iter(tokens[tokens.index("fit") + 1:])
+    for token in rest:
+        if token in ("--config", "-c"):
+            config_path = next(rest, None)
+        elif token.startswith("--config="):
+            config_path = token.removeprefix("--config=")
+        elif token == "${args_no_hyphens}":
+            passes_parameters = True
+        elif "=" in token and not token.startswith(("-", "$")):
+            overrides.append(token)
+        else:
+            raise ConfigError(f"{path}: command argument {token!r} is not --config, a key=value override or "
+                              "${args_no_hyphens}; plfl fit takes parameters as key=value (use ${args_no_hyphens}).")
+    if config_path is None:
+        raise ConfigError(f"{path}: the command has no --config; write {EXAMPLE_COMMAND}")
+    if not passes_parameters:
+        raise ConfigError(f"{path}: the command lacks ${{args_no_hyphens}}, so wandb agent would not pass the "
+                          f"parameters; write {EXAMPLE_COMMAND}")
+    return config_path, overrides
+
+
+def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] = None,
+              retry_failed: bool = False, echo: Callable[[str], None] = print) -> SweepResult:
+    """Run the sweep's remaining trials and write the sweep directory after each one.
+
+    Args:
+        path: the W&B sweep file.
+        overrides: ``key=value`` applied to every trial (after the command's own).
+        count: stop once the sweep directory holds this many trials, earlier
+            invocations' included (default: the file's ``run_cap``; a grid
+            also stops when exhausted).
+        retry_failed: forget failed trials so that the engine proposes again.
+        echo: where a line per trial goes.
+
+    A trial that raises is recorded as failed with its error and the sweep
+    goes on; KeyboardInterrupt stops it with the finished trials saved.
+
+    Raises:
+        ConfigError: a bad sweep file (see :func:`load_sweep`), a bad config or
+            override, an override of a swept parameter, a parameter value the
+            config rejects, a random/bayes sweep with no count, a sweep
+            directory holding a different sweep, or a metric not in summary.json.
+    """
+    sweep = load_sweep(path)
+    count = count if count is not None else sweep.run_cap
+    if count is not None and count < 1:
+        raise ConfigError(f"--count must be >= 1; got {count}.")
+    if count is None and sweep.search["method"] != "grid":
+        raise ConfigError(f"{sweep.path}: a {sweep.search['method']} search never ends by itself; "
+                          "pass --count N or set run_cap in the file.")
+    fixed = sweep.overrides + list(overrides)
+    swept = set(sweep.search["parameters"])
+    for override in fixed:
+        if override.split("=", 1)[0].strip() in swept:
+            raise ConfigError(f"{override!r} sets a parameter that {sweep.path} sweeps; remove it from the "
+                              "command line or from the file's command.")
+    if not Path(sweep.config_path).is_file():
+        raise ConfigError(f"{sweep.path}: the command's config {sweep.config_path} does not exist; relative paths "
+                          "start at the current directory, as for wandb agent (run from the repository root).")
+    base = load_config(sweep.config_path, fixed)
+    _check_parameter_values(sweep, fixed)
+
+    sweep_dir = Path(base.output_dir) / "sweeps" / sweep.path.stem
+    identity = _normalized({"config": sweep.config_path, "overrides": fixed,
+                            **{k: sweep.search.get(k) for k in ("method", "metric", "parameters")}})
+    trials = _load_trials(sweep_dir, identity)
+    if retry_failed:
+        trials = [t for t in trials if t["status"] != "failed"]
+    from plfl.experiment import run_experiment  # imports torch and Lightning: only once the sweep is checked
+
+    while count is None or len(trials) < count:
+        parameters = _propose(sweep, trials)
+        if parameters is None:
+            break
+        number = max((t["trial"] for t in trials), default=0) + 1
+        args = [_arg(k, v) for k, v in parameters.items()]
+        echo(f"Trial {number}: {' '.join(args)}")
+        trial = _run_trial(run_experiment, sweep, fixed + args)
+        trials.append({"trial": number, "parameters": parameters, **trial})
+        _save(sweep_dir, identity, SweepResult(sweep, sweep_dir, trials))
+        if trial["status"] == "completed":
+            m = trial["metrics"]
+            echo(f"Trial {number}: best accuracy {100 * m['best_accuracy']:.2f} %, final "
+                 f"{100 * m['final_accuracy']:.2f} %, {m['seconds_per_round']:.2f} s per round, {trial['run_dir']}")
+        else:
+            echo(f"Trial {number} failed: {trial['error']}")
+    result = SweepResult(sweep, sweep_dir, trials)
+    _save(sweep_dir, identity, result)  # also when nothing ran: the tables exist after every invocation
+    return result
+
+
+def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> dict[str, Any]:
+    """Run one trial as ``plfl fit`` would; any failure becomes ``status: failed`` with the error."""
+    # Failed trials get the same (empty) metric columns, so the table's columns do not depend on which failed.
+    names = dict.fromkeys(SUMMARY_COLUMNS + ((sweep.metric,) if sweep.metric else ()))
+    run_dir = None
+    try:
+        cfg = load_config(sweep.config_path, overrides)
+        parent = Path(cfg.output_dir) / cfg.name
+        before = set(parent.iterdir()) if parent.is_dir() else set()
+        try:
+            run_dir, summary = run_experiment(cfg)
+        except SystemExit as e:
+            # Lightning's Trainer turns Ctrl+C during a fit into sys.exit(1): stop the sweep, trial unrecorded.
+            raise KeyboardInterrupt from e
+        except Exception:
+            # run_experiment names its run directory only on success; a failure's partial results are in the new one.
+            new = set(parent.iterdir()) - before if parent.is_dir() else set()
+            run_dir = new.pop() if len(new) == 1 else None
+            raise
+    except Exception as e:  # noqa: BLE001  a failing trial must not end the sweep
+        return {"status": "failed", "metrics": names, "run_dir": run_dir and str(run_dir),
+                "error": f"{type(e).__name__}: {e}"}
+    if sweep.metric is not None and sweep.metric not in summary:
+        numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        raise ConfigError(f"{sweep.path}: metric {sweep.metric!r} is not in summary.json ({run_dir}); "
+                          f"use one of {', '.join(numeric)}.")
+    return {"status": "completed", "metrics": {k: summary.get(k) for k in names}, "run_dir": str(run_dir),
+            "error": None}
+
+
+def _propose(sweep: Sweep, trials: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The engine's next parameters given the recorded trials; None when a grid is exhausted."""
+    runs = [SweepRun(config={k: {"value": v} for k, v in t["parameters"].items()},
+                     state=RunState.finished if t["status"] == "completed" else RunState.failed,
+                     summary_metrics={k: v for k, v in t["metrics"].items() if v is not None})
+            for t in trials]
+    try:
+        with warnings.catch_warnings():
+            # The Gaussian process of bayes search warns on its fits; its proposals are what count here.
+            warnings.simplefilter("ignore")
+            run = sweeps.next_run(sweep.search, runs, validate=True)
+    except ValueError as e:
+        raise ConfigError(f"{sweep.path}: the sweep engine refused the file: {e}.") from None
+    return None if run is None else {k: _plain(v["value"]) for k, v in run.config.items()}
+
+
+def _check_parameter_values(sweep: Sweep, fixed: list[str]) -> None:
+    """Validate each listed value (and each value-space min/max) of every parameter with the base config,
+    so that a typo in a key or a value out of range stops the sweep before any trial runs."""
+    for name, spec in sweep.search["parameters"].items():
+        values = list(spec.get("values", [spec["value"]] if "value" in spec else []))
+        # Without a distribution, min/max mean int_uniform or uniform (by their type): bounds in value space.
+        if spec.get("distribution", "int_uniform" if "min" in spec else None) in VALUE_BOUNDED:
+            values += [spec["min"], spec["max"]]
+        for value in values:
+            try:
+                load_config(sweep.config_path, fixed + [_arg(name, value)])
+            except ConfigError as e:
+                raise ConfigError(f"{sweep.path}: parameter {name} = {value!r} does not give a valid config: {e}") \
+                    from None
+
+
+def _arg(name: str, value: Any) -> str:
+    # Exactly how wandb agent writes ${args_no_hyphens}, so that both paths load the same config.
+    return f"{name}={value}"
+
+
+def _plain(value: Any) -> Any:
+    """Engine values as JSON/YAML-safe Python values (it samples NumPy scalars)."""
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _normalized(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def _load_trials(sweep_dir: Path, identity: dict[str, Any]) -> list[dict[str, Any]]:
+    state_file = sweep_dir / "trials.json"
+    if not state_file.is_file():
+        return []
+    try:
+        state = json.loads(state_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{state_file} is not valid JSON ({e}); delete it to start the sweep over.") from None
+    if state.get("sweep") != identity:
+        changed = [k for k in identity if state.get("sweep", {}).get(k) != identity[k]]
+        raise ConfigError(f"{sweep_dir} holds trials of a different sweep (changed: {', '.join(changed)}). "
+                          "Delete that directory to start over, or pass output_dir=... to keep both.")
+    return state["trials"]
+
+
+def _save(sweep_dir: Path, identity: dict[str, Any], result: SweepResult) -> None:
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(sweep_dir / "trials.json", json.dumps({"sweep": identity, "trials": result.trials}, indent=2))
+    write_atomically(sweep_dir / "results.csv", csv_text(result.rows()))
+    write_atomically(sweep_dir / "results.md", markdown_table(result.rows()))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    """Rows as a Markdown table (floats to 4 significant digits); empty text for no rows."""
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    lines += ["| " + " | ".join(_cell(row.get(c)).replace("|", "\\|") for c in columns) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def print_results(result: SweepResult) -> None:
+    """The results table (Markdown, as in results.md), the best trial and the sweep directory, on stdout."""
+    print(markdown_table(result.rows()), end="")
+    best = result.best()
+    if best is not None:
+        args = " ".join(_arg(k, v) for k, v in best["parameters"].items())
+        print(f"Best {result.sweep.metric}: {best['metrics'][result.sweep.metric]:.4g} (trial {best['trial']}: {args})")
+    print(f"Sweep directory: {result.sweep_dir}")
