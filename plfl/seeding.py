@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 # One stream per kind of randomness, so that e.g. adding ALA does not shift the sampling.
-SAMPLING, LOCAL_TRAINING, ALA_SUBSET, POST_TRAINING = range(4)
+SAMPLING, LOCAL_TRAINING, ALA_SUBSET, POST_TRAINING, HYPERNETWORK_INIT = range(5)
 
 
 def derive_seed(seed: int, round_: int, client_id: int, stream: int) -> int:

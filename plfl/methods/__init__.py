@@ -8,6 +8,7 @@ from plfl.methods.fedala import FedALA
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.fedftha import FedFT, FedFTHA
 from plfl.methods.local import Local
+from plfl.methods.pfedla import HeurpFedLA, PFedLA
 from plfl.methods.selffl import SelfFL
 
 METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (
@@ -16,6 +17,8 @@ METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (
     FedALA,
     FedFT,
     FedFTHA,
+    PFedLA,
+    HeurpFedLA,
     SelfFL,
 )}
 

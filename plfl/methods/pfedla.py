@@ -1,0 +1,250 @@
+"""pFedLA and HeurpFedLA (Ma et al., CVPR 2022): layer-wise personalized aggregation by hypernetworks.
+
+The server keeps every client's latest trained parameters θ_j and, for every
+client i, a hypernetwork HN_i(v_i; ψ_i) with a learnable embedding v_i whose
+output α_i (L layers × N clients) weights the clients' layers (Eq. 3–6):
+
+    θ̄_i^l = Σ_j α_i^{l,j} θ_j^l.
+
+Client i trains from θ̄_i and uploads θ_i^new; the server sets θ_i ← θ_i^new
+and moves v_i, ψ_i one SGD step down ½‖θ̄_i − θ_i^new‖², i.e.
+ψ_i ← ψ_i + β (∂θ̄_i/∂ψ_i)ᵀ Δθ_i with Δθ_i = θ_i^new − θ̄_i (Eq. 10–11; likewise v_i).
+
+HeurpFedLA (Alg. 2, Eq. 12) keeps, for client i, the k layers with the
+largest self-weights α_i^{l,i} local: the server neither aggregates nor
+sends them. BatchNorm running statistics are never aggregated or sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plfl.client import TrainResult
+from plfl.config import checked, one_of
+from plfl.errors import ConfigError
+from plfl.methods.base import FederationContext, Method, MethodConfig
+from plfl.seeding import HYPERNETWORK_INIT, derive_seed
+from plfl.state import Params
+
+GRANULARITIES = ("module", "tensor")
+
+
+@dataclass
+class PFedLAConfig(MethodConfig):
+    """pFedLA's keys (``method.*``); the hypernetwork's defaults are the paper's."""
+
+    name: str = "pfedla"
+    # Size of each client's embedding v_i, the hypernetwork's input.
+    embedding_dim: int = checked(100, lambda v: v >= 1, "an integer >= 1")
+    # Width of the hypernetwork's three hidden layers.
+    hidden_dim: int = checked(100, lambda v: v >= 1, "an integer >= 1")
+    # β of Eq. 10–11: the SGD step size of v_i and ψ_i.
+    hn_lr: float = checked(5e-3, lambda v: v > 0, "a number > 0")
+    # What one weight α_i^{l,j} covers: a module's parameters (weight and bias together) or one tensor.
+    granularity: str = one_of("module", GRANULARITIES)
+    # Write the weights α (tables/aggregation_weights.csv) every this many rounds and at the last round.
+    weights_every: int = checked(10, lambda v: v >= 1, "an integer >= 1")
+
+
+@dataclass
+class HeurpFedLAConfig(PFedLAConfig):
+    name: str = "heurpfedla"
+    # Layers with the k largest self-weights stay local (Eq. 12); k = 0 is pFedLA.
+    k: int = checked(1, lambda v: v >= 0, "an integer >= 0")
+
+
+def layer_groups(model: nn.Module, granularity: str) -> dict[str, list[str]]:
+    """Layer name → its parameter names, in ``named_parameters`` order.
+
+    ``module``: a module's parameters form one layer; ``tensor``: each
+    parameter is a layer. Buffers (BatchNorm statistics) belong to no layer.
+    """
+    layers: dict[str, list[str]] = {}
+    for name, _ in model.named_parameters():
+        layer = (name.rpartition(".")[0] or "<root>") if granularity == "module" else name
+        layers.setdefault(layer, []).append(name)
+    return layers
+
+
+def mix(weights: torch.Tensor, stacked: torch.Tensor) -> torch.Tensor:
+    """Σ_j weights[j] · stacked[j] (Eq. 6); weights: (N,), stacked: (N, *shape) → (*shape)."""
+    return torch.tensordot(weights, stacked, dims=1)
+
+
+class LayerWeightNet(nn.Module):
+    """HN_i(v_i; ψ_i) (Eq. 4, paper Fig. 3): v_i → 3 × (Linear + ReLU) → a Linear(hidden, N) head per layer.
+
+    ``forward()`` returns α_i, shape (L, N): ReLU of the heads' outputs divided
+    by their sum, so α ≥ 0 and each layer's row sums to 1 (Eq. 3); a row that
+    is all zero falls back to the one-hot weight on client i itself.
+    """
+
+    def __init__(self, client_id: int, num_clients: int, num_layers: int, embedding_dim: int, hidden_dim: int):
+        super().__init__()
+        self.shape = (num_layers, num_clients)
+        self.embedding = nn.Parameter(torch.randn(embedding_dim))  # v_i, N(0, 1) as nn.Embedding
+        self.trunk = nn.Sequential(
+            nn.Linear(embedding_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
+        )
+        # The L heads as one Linear(hidden, L·N): its rows are independent.
+        self.heads = nn.Linear(hidden_dim, num_layers * num_clients)
+        # PyTorch's default init makes about half of the outputs negative: zero after the ReLU, and without
+        # gradient, so those weights (self-weights included) would stay zero for good. Non-negative head
+        # weights on the trunk's non-negative features start every α positive and near uniform.
+        nn.init.uniform_(self.heads.weight, 0.0, 1.0)
+        nn.init.zeros_(self.heads.bias)
+        self.register_buffer("own", F.one_hot(torch.tensor(client_id), num_clients).float())
+
+    def forward(self) -> torch.Tensor:
+        return normalized(self.heads(self.trunk(self.embedding)).view(self.shape), self.own)
+
+
+def normalized(outputs: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
+    """ReLU(outputs) / row sum; (L, N) → (L, N); all-zero rows become ``own`` (N,), the one-hot on self."""
+    w = F.relu(outputs)
+    total = w.sum(dim=1, keepdim=True)
+    alive = total > 0
+    # The denominator of dead rows is 1, not 0: torch.where would otherwise pass NaN gradients.
+    return torch.where(alive, w / torch.where(alive, total, torch.ones_like(total)), own)
+
+
+@dataclass
+class Broadcast:
+    """What the server used for a client's last message, kept for the hypernetwork update."""
+
+    thetas: Params  # the θ_j snapshot: name → (N, *shape); never mutated, so a reference suffices
+    alpha: torch.Tensor  # α_i, (L, N), detached
+    retained: frozenset[str]  # layers kept local (HeurpFedLA), not sent
+
+
+class PFedLA(Method):
+    """Layer-wise personalized aggregation, weights learned by per-client hypernetworks (Alg. 1)."""
+
+    name = "pfedla"
+    config_class = PFedLAConfig
+
+    def __init__(self, config: PFedLAConfig, context: FederationContext, initial_params: Params):
+        super().__init__(config, context, initial_params)
+        self.layers = layer_groups(context.model, config.granularity)
+        num_clients = len(context.data.clients)
+        # Every client's latest trained θ_j, initially the initial model; replaced, never mutated, each round.
+        self.thetas = {key: torch.stack([initial_params[key]] * num_clients)
+                       for keys in self.layers.values() for key in keys}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(self.seed, 0, -1, HYPERNETWORK_INIT))
+            self.hypernetworks = [
+                LayerWeightNet(i, num_clients, len(self.layers), config.embedding_dim, config.hidden_dim)
+                for i in range(num_clients)
+            ]
+        self.sent: list[Optional[Broadcast]] = [None] * num_clients
+
+    def ala_config(self) -> None:
+        if self.config.ala is not None:
+            raise ConfigError(
+                f"method.ala cannot be used with method.name={self.config.name}: the server's personalized "
+                "aggregation replaces the local initialisation; remove method.ala."
+            )
+
+    def retained_layers(self, client_id: int, alpha: torch.Tensor) -> frozenset[str]:
+        """Layers client ``client_id`` keeps local, given its α (L, N); pFedLA: none."""
+        return frozenset()
+
+    def server_message(self, client_id: int) -> Params:
+        """θ̄_i (Eq. 5–6) for every layer not retained; buffers are not sent."""
+        with torch.no_grad():
+            alpha = self.hypernetworks[client_id]()
+        retained = self.retained_layers(client_id, alpha)
+        self.sent[client_id] = Broadcast(self.thetas, alpha, retained)
+        return {key: mix(alpha[l], self.thetas[key])
+                for l, (layer, keys) in enumerate(self.layers.items()) if layer not in retained for key in keys}
+
+    def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
+        """The client's state with the received layers replaced: buffers and retained layers stay local."""
+        local = self.store.get(client_id, "model") or self.global_params
+        return {**local, **message}
+
+    def client_message(self, client_id: int, result: TrainResult) -> Params:
+        """θ_i^new: the trained parameters, all layers (others aggregate the retained ones too), no buffers."""
+        return {key: result.params[key] for key in self.thetas}
+
+    def aggregate(self, messages: dict[int, Params], round_: int) -> None:
+        for client_id, trained in messages.items():
+            self.update_hypernetwork(client_id, trained)
+        # New tensors: the broadcasts so far keep referring to the old θ's.
+        self.thetas = {key: torch.stack([messages[j][key] if j in messages else old for j, old in enumerate(stacked)])
+                       for key, stacked in self.thetas.items()}
+
+    def update_hypernetwork(self, client_id: int, trained: Params) -> None:
+        """One SGD step of v_i, ψ_i on ½‖θ̄_i − θ_i^new‖² (Eq. 10–11).
+
+        θ̄_i is recomputed with autograd from the θ snapshot it was sent from;
+        retained layers do not depend on α_i (the client ignores them, Eq. 7),
+        so they are left out.
+        """
+        sent, hypernetwork = self.sent[client_id], self.hypernetworks[client_id]
+        alpha = hypernetwork()
+        mixed, targets = [], []
+        for l, (layer, keys) in enumerate(self.layers.items()):
+            if layer not in sent.retained:
+                mixed += [mix(alpha[l], sent.thetas[key]) for key in keys]
+                targets += [trained[key] for key in keys]
+        if not mixed:
+            return
+        params = list(hypernetwork.parameters())
+        # ∂(½‖θ̄ − θ^new‖²)/∂ψ = (∂θ̄/∂ψ)ᵀ (θ̄ − θ^new) = −(∂θ̄/∂ψ)ᵀ Δθ.
+        grads = torch.autograd.grad(mixed, params, grad_outputs=[m.detach() - t for m, t in zip(mixed, targets)])
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(self.config.hn_lr * g)
+
+    def weights(self) -> torch.Tensor:
+        """α of this round's broadcast, (N clients i, L layers, N clients j)."""
+        return torch.stack([sent.alpha for sent in self.sent])
+
+    def round_metrics(self) -> dict[str, float]:
+        """``self_weight_mean``: mean of α_i^{l,i} over clients i and layers l."""
+        return {"self_weight_mean": self.weights().diagonal(dim1=0, dim2=2).mean().item()}
+
+    def round_tables(self, round_: int) -> dict[str, list[dict[str, Any]]]:
+        """``aggregation_weights`` (paper Fig. 6): one row per (client, layer), ``w<j>`` = α_client^{layer,j}."""
+        if round_ % self.config.weights_every and round_ != self.context.federation.rounds:
+            return {}
+        rows = []
+        for i, sent in enumerate(self.sent):
+            for l, layer in enumerate(self.layers):
+                row = {"client": i, "layer": layer, "retained": layer in sent.retained}
+                row.update({f"w{j}": w for j, w in enumerate(sent.alpha[l].tolist())})
+                rows.append(row)
+        return {"aggregation_weights": rows}
+
+
+class HeurpFedLA(PFedLA):
+    """pFedLA whose clients keep their k layers with the largest self-weights α_i^{l,i} local (Alg. 2, Eq. 12)."""
+
+    name = "heurpfedla"
+    config_class = HeurpFedLAConfig
+
+    def __init__(self, config: HeurpFedLAConfig, context: FederationContext, initial_params: Params):
+        super().__init__(config, context, initial_params)
+        if config.k > len(self.layers):
+            raise ConfigError(
+                f"method.k={config.k} exceeds the model's {len(self.layers)} layers "
+                f"(method.granularity={config.granularity}); choose k <= {len(self.layers)}."
+            )
+
+    def retained_layers(self, client_id: int, alpha: torch.Tensor) -> frozenset[str]:
+        names = list(self.layers)
+        return frozenset(names[l] for l in torch.topk(alpha[:, client_id], self.config.k).indices.tolist())
+
+    def round_metrics(self) -> dict[str, float]:
+        """Also ``retained_params_mean``: scalars each client keeps local, mean over clients."""
+        sizes = {layer: sum(self.thetas[key][0].numel() for key in keys) for layer, keys in self.layers.items()}
+        retained = [sum(sizes[layer] for layer in sent.retained) for sent in self.sent]
+        return {**super().round_metrics(), "retained_params_mean": sum(retained) / len(retained)}
