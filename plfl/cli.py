@@ -1,4 +1,5 @@
-"""Command line: ``plfl fit --config X.yaml [key=value ...]``, ``plfl sweep X.yaml [--count N] [key=value ...]``."""
+"""Command line: ``plfl fit --config X.yaml [--seeds 0,1,2] [key=value ...]``,
+``plfl sweep X.yaml [--count N] [key=value ...]``, ``plfl compare RUN_DIR...``."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import argparse
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from plfl.compare import comparison_table, find_runs, read_run
 from plfl.errors import PlflError
 
 
@@ -20,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--config", "-c", help="YAML config file (see configs/)")
     fit.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. federation.rounds=5")
     fit.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    fit.add_argument("--seeds", type=seed_list, metavar="S1,S2,...",
+                     help="repeat the run once per seed (federation.seed) and report mean ± std of the best accuracy")
     fit.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure")
     sweep = commands.add_parser("sweep", help="run a W&B sweep file offline, one trial after another")
     sweep.add_argument("sweep_file", help="W&B sweep YAML whose command runs plfl fit (see sweeps/)")
@@ -30,7 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--retry-failed", action="store_true", help="run the trials that failed before again")
     sweep.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the traceback of a failure")
+    compare = commands.add_parser("compare", help="print a method × data set table of finished runs")
+    compare.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
+                         help="run directories, or folders holding them (e.g. runs/)")
+    compare.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show the traceback of a failure")
     return parser
+
+
+def seed_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers, e.g. 0,1,2") from None
 
 
 def fit(args: argparse.Namespace) -> None:
@@ -42,11 +59,22 @@ def fit(args: argparse.Namespace) -> None:
         return
     from plfl.experiment import run_experiment  # imports torch and Lightning: only when training
 
-    run_dir, summary = run_experiment(cfg)
-    best, final = summary["best_accuracy"], summary["final_accuracy"]
-    print(f"Best accuracy {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
-          f"{summary['seconds_per_round']:.2f} s per round")
-    print(f"Run directory: {run_dir}")
+    run_dirs = []
+    for seed in args.seeds or [cfg.federation.seed]:
+        cfg.federation.seed = seed
+        run_dir, summary = run_experiment(cfg)
+        best, final = summary["best_accuracy"], summary["final_accuracy"]
+        print(f"Best accuracy {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
+              f"{summary['seconds_per_round']:.2f} s per round")
+        print(f"Run directory: {run_dir}")
+        run_dirs.append(run_dir)
+    if args.seeds:
+        print(f"Seeds {args.seeds}: best accuracy mean ± std over seeds")
+        print(comparison_table([read_run(d) for d in run_dirs]))
+
+
+def compare(args: argparse.Namespace) -> None:
+    print(comparison_table([read_run(d) for d in find_runs(args.runs)]))
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -64,9 +92,10 @@ def sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-COMMANDS = {"fit": fit, "sweep": sweep}
+COMMANDS = {"fit": fit, "sweep": sweep, "compare": compare}
 INTERRUPTED = {"fit": "rounds finished so far are in the run directory",
-               "sweep": "finished trials are saved; run the same command again to continue"}
+               "sweep": "finished trials are saved; run the same command again to continue",
+               "compare": "nothing was written"}
 
 
 def main(argv: list[str] | None = None) -> int:

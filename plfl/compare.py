@@ -1,0 +1,87 @@
+"""Comparison tables of finished runs: method × data set, mean ± std over seeds.
+
+The layout is that of FedALA's Table 2 (AAAI 2023): one row per method, one
+column per data set, each cell the best test accuracy (%) as mean ± std over
+the runs (seeds) of that method on that data set; std is the population
+standard deviation (NumPy's default, as PFLlib reports it). Two more columns
+give the method's mean seconds per training round and scalars sent per round.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from plfl.errors import PlflError
+
+
+@dataclass
+class RunRecord:
+    """What a comparison needs of one finished run."""
+
+    method: str
+    dataset: str  # data.source, with the PFLlib directory's name for pfllib data
+    seed: int
+    best_accuracy: float  # fraction in [0, 1]
+    seconds_per_round: float
+    params_sent_per_round: float  # scalars
+
+
+def read_run(run_dir: Path) -> RunRecord:
+    """The record of ``run_dir`` (its config.yaml and summary.json).
+
+    Raises:
+        PlflError: ``run_dir`` lacks either file, or the run did not complete.
+    """
+    config, summary = run_dir / "config.yaml", run_dir / "summary.json"
+    if not (config.is_file() and summary.is_file()):
+        raise PlflError(f"{run_dir} is not a plfl run directory (it needs config.yaml and summary.json); "
+                        "pass runs/<name>/<time>/ or a folder holding such directories.")
+    cfg, result = OmegaConf.load(config), json.loads(summary.read_text())
+    if result.get("status") != "completed":
+        raise PlflError(f"The run in {run_dir} did not complete (status {result.get('status')!r}); "
+                        "leave it out of the comparison or resume it.")
+    dataset = cfg.data.source if cfg.data.source != "pfllib" else f"pfllib:{Path(cfg.data.root).name}"
+    return RunRecord(cfg.method.name, dataset, cfg.federation.seed, result["best_accuracy"],
+                     result["seconds_per_round"], result["params_sent_per_round"])
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories in ``paths``: a path holding summary.json is one; any other is searched below."""
+    runs = []
+    for path in paths:
+        if (path / "summary.json").is_file():
+            runs.append(path)
+        else:
+            runs.extend(sorted(p.parent for p in path.rglob("summary.json")))
+    if not runs:
+        raise PlflError(f"No run directories (with summary.json) under {', '.join(map(str, paths))}.")
+    return runs
+
+
+def mean_std(values: list[float]) -> str:
+    """``mean ± std`` of accuracies (fractions) in %, two decimals; one value: ``mean``."""
+    mean = 100 * statistics.fmean(values)
+    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {100 * statistics.pstdev(values):.2f}"
+
+
+def comparison_table(records: list[RunRecord]) -> str:
+    """A Markdown table: methods × data sets of best accuracy, with per-method costs (see module docstring)."""
+    methods = list(dict.fromkeys(r.method for r in records))
+    datasets = list(dict.fromkeys(r.dataset for r in records))
+    lines = ["| method | " + " | ".join(datasets) + " | s/round | params sent/round |",
+             "| --- " * (len(datasets) + 3) + "|"]
+    for method in methods:
+        own = [r for r in records if r.method == method]
+        cells = []
+        for dataset in datasets:
+            runs = [r.best_accuracy for r in own if r.dataset == dataset]
+            cells.append(f"{mean_std(runs)} (n={len(runs)})" if runs else "–")
+        seconds = statistics.fmean(r.seconds_per_round for r in own)
+        params = statistics.fmean(r.params_sent_per_round for r in own)
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {seconds:.1f} | {params:,.0f} |")
+    return "\n".join(lines)
