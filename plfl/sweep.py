@@ -185,7 +185,8 @@ def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] 
     Raises:
         ConfigError: a bad sweep file (see :func:`load_sweep`), a bad config or
             override, an override of a swept parameter, a parameter value the
-            config rejects, a random/bayes sweep with no count, a sweep
+            config rejects (an override of a constant ``value:`` parameter replaces
+            its value instead), a random/bayes sweep with no count, a sweep
             directory holding a different sweep, or a metric not in summary.json.
     """
     sweep = load_sweep(path)
@@ -195,10 +196,9 @@ def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] 
     if count is None and sweep.search["method"] != "grid":
         raise ConfigError(f"{sweep.path}: a {sweep.search['method']} search never ends by itself; "
                           "pass --count N or set run_cap in the file.")
-    fixed = sweep.overrides + list(overrides)
-    swept = set(sweep.search["parameters"])
+    fixed = sweep.overrides + _set_constant_parameters(sweep, list(overrides))
     for override in fixed:
-        if override.split("=", 1)[0].strip() in swept:
+        if override.split("=", 1)[0].strip() in sweep.search["parameters"]:
             raise ConfigError(f"{override!r} sets a parameter that {sweep.path} sweeps; remove it from the "
                               "command line or from the file's command.")
     if not Path(sweep.config_path).is_file():
@@ -234,6 +234,20 @@ def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] 
     result = SweepResult(sweep, sweep_dir, trials)
     _save(sweep_dir, identity, result)  # also when nothing ran: the tables exist after every invocation
     return result
+
+
+def _set_constant_parameters(sweep: Sweep, overrides: list[str]) -> list[str]:
+    """Apply each override of a constant parameter (``value:``, e.g. ``method.p=2``) to the sweep itself,
+    so that the engine proposes and the results table shows the value used; returns the other overrides."""
+    rest = []
+    for override in overrides:
+        key, _, text = override.partition("=")
+        spec = sweep.search["parameters"].get(key.strip())
+        if spec is not None and set(spec) == {"value"}:
+            spec["value"] = yaml.safe_load(text)
+        else:
+            rest.append(override)
+    return rest
 
 
 def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> dict[str, Any]:
