@@ -1,4 +1,4 @@
-"""Command line: ``plfl fit --config X.yaml [--seeds 0,1,2] [key=value ...]``,
+"""Command line: ``plfl fit --config X.yaml [--seeds 0,1,2] [key=value ...]``, ``plfl fit --resume RUN_DIR``,
 ``plfl sweep X.yaml [--count N] [key=value ...]``, ``plfl compare RUN_DIR...``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from plfl.compare import comparison_table, find_runs, read_run
-from plfl.errors import PlflError
+from plfl.errors import FederationError, PlflError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     fit = commands.add_parser("fit", help="run a federation described by a YAML config")
     fit.add_argument("--config", "-c", help="YAML config file (see configs/)")
+    fit.add_argument("--resume", type=Path, metavar="RUN_DIR",
+                     help="continue the run in RUN_DIR from its newest intact checkpoint (its config.yaml, "
+                          "plus any key=value overrides, e.g. federation.rounds=50)")
     fit.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. federation.rounds=5")
     fit.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     fit.add_argument("--seeds", type=seed_list, metavar="S1,S2,...",
@@ -53,7 +56,14 @@ def seed_list(text: str) -> list[int]:
 def fit(args: argparse.Namespace) -> None:
     from plfl.config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    if args.resume and (args.config or args.seeds):
+        raise PlflError("--resume continues one run with its own config.yaml; drop --config and --seeds.")
+    if args.resume:
+        from plfl.experiment import resume_config
+
+        cfg = resume_config(args.resume, args.overrides)
+    else:
+        cfg = load_config(args.config, args.overrides)
     if args.print_config:
         print(OmegaConf.to_yaml(cfg), end="")
         return
@@ -62,7 +72,7 @@ def fit(args: argparse.Namespace) -> None:
     run_dirs = []
     for seed in args.seeds or [cfg.federation.seed]:
         cfg.federation.seed = seed
-        run_dir, summary = run_experiment(cfg)
+        run_dir, summary = run_experiment(cfg, args.resume)
         best, final = summary["best_accuracy"], summary["final_accuracy"]
         print(f"Best accuracy {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
               f"{summary['seconds_per_round']:.2f} s per round")
@@ -93,7 +103,7 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"fit": fit, "sweep": sweep, "compare": compare}
-INTERRUPTED = {"fit": "rounds finished so far are in the run directory",
+INTERRUPTED = {"fit": "rounds finished so far are in the run directory; plfl fit --resume RUN_DIR continues",
                "sweep": "finished trials are saved; run the same command again to continue",
                "compare": "nothing was written"}
 
@@ -101,7 +111,7 @@ INTERRUPTED = {"fit": "rounds finished so far are in the run directory",
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``plfl`` script; returns the exit status.
 
-    Exit status: 0 success, 2 bad input (config, data), 1 any other failure,
+    Exit status: 0 success, 2 bad input (config, data), 1 a failed federation or any other failure,
     130 interrupted. Failures print one paragraph to stderr; ``--debug`` adds the traceback.
     """
     parser = build_parser()
@@ -113,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args) or 0
+    except FederationError as e:
+        return _fail(args, f"plfl {args.command} failed: {e}", 1)
     except PlflError as e:
         return _fail(args, f"plfl {args.command}: {e}", 2)
     except KeyboardInterrupt:

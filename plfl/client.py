@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 import torchmetrics
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
+from plfl.seeding import SHUFFLING, derive_seed
 from plfl.state import Params
 
 EVAL_BATCH_SIZE = 1000
@@ -51,13 +52,39 @@ def _as_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, t
     return batch  # __getitems__ already returns the collated batch
 
 
-def batch_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: Optional[int]) -> DataLoader:
-    """Mini-batches of ``(x, y)``; shuffled with a generator seeded by ``seed`` (None: in order)."""
-    generator = None if seed is None else torch.Generator().manual_seed(seed)
-    return DataLoader(
-        TensorBatches(x, y), batch_size=batch_size, shuffle=seed is not None,
-        generator=generator, collate_fn=_as_batch,
-    )
+class EpochShuffle(Sampler[int]):
+    """Indices 0..n-1 in a new order each local epoch: epoch k's order is a permutation drawn from (seed, k).
+
+    Lightning numbers epochs across all fits of a Trainer and tells samplers
+    the epoch with ``set_epoch``; k counts from ``first_epoch``, the Trainer's
+    epoch when this fit starts. Drawing from (seed, k) instead of one running
+    generator matters: a reused Trainer starts an iteration and discards it at
+    the start of every fit after its first, so a running generator would make
+    a client's batches depend on how many fits the Trainer ran before (and a
+    resumed run would differ from an uninterrupted one).
+    """
+
+    def __init__(self, n: int, seed: int, first_epoch: int):
+        self.n, self.seed, self.first_epoch = n, seed, first_epoch
+        self.epoch = first_epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        local_epoch = self.epoch - self.first_epoch
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, local_epoch, 0, SHUFFLING))
+        yield from torch.randperm(self.n, generator=generator).tolist()
+
+
+def batch_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: Optional[int] = None,
+                 first_epoch: int = 0) -> DataLoader:
+    """Mini-batches of ``(x, y)``, reshuffled each epoch from ``seed`` (:class:`EpochShuffle`; None: in order)."""
+    sampler = None if seed is None else EpochShuffle(len(y), seed, first_epoch)
+    return DataLoader(TensorBatches(x, y), batch_size=batch_size, sampler=sampler, collate_fn=_as_batch)
 
 
 class ClientModule(L.LightningModule):
@@ -177,7 +204,8 @@ class LocalTrainer:
         loop = self.trainer.fit_loop
         loop.max_epochs = self.trainer.current_epoch + epochs if epochs else -1
         loop.epoch_loop.max_steps = self.trainer.global_step + steps if steps else -1
-        self.trainer.fit(self.module, train_dataloaders=batch_loader(x, y, self.batch_size, seed))
+        loader = batch_loader(x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch)
+        self.trainer.fit(self.module, train_dataloaders=loader)
         for p in model.parameters():
             p.requires_grad_(True)
         trained = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

@@ -81,6 +81,9 @@ class FederationConfig:
     seed: int = 0
     # Evaluate every this many rounds (the last round is always evaluated).
     eval_every: int = checked(1, lambda v: v >= 1, "an integer >= 1")
+    # A client whose training raises or returns NaN/Inf is left out of its round's aggregation;
+    # the round fails when more than this many sampled clients fail (null: only when all of them do).
+    max_failed_clients: Optional[int] = checked(None, lambda v: v is None or v >= 0, "null or an integer >= 0")
 
 
 @dataclass
@@ -114,6 +117,10 @@ class ExperimentConfig:
     name: Optional[str] = None
     output_dir: str = "runs"
     progress_bar: bool = True
+    # Save the federation's state every this many rounds and after the last (0: never); plfl fit --resume.
+    checkpoint_every: int = checked(1, lambda v: v >= 0, "an integer >= 0")
+    # How many of the newest checkpoints to keep (more than one survives a damaged latest file).
+    keep_checkpoints: int = checked(2, lambda v: v >= 1, "an integer >= 1")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     method: Any = field(default_factory=lambda: {"name": "fedavg"})

@@ -13,5 +13,9 @@ class DataError(PlflError):
     """A data set is missing, corrupt, unsafe, or cannot be partitioned as asked."""
 
 
+class FederationError(PlflError):
+    """Training cannot go on (too many failed clients, a non-finite global model); finished rounds are kept."""
+
+
 class PlflWarning(UserWarning):
     """Something finished but not as configured (e.g. a capped loop); the message says what."""

@@ -4,35 +4,50 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from plfl.callbacks import FederationCallback, RoundProgress, RunFiles, RunInfo, WandbRun
+from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, WandbRun
+from plfl.callbacks.files import write_atomically
+from plfl.checkpoint import load_latest_checkpoint
 from plfl.client import ClientModule, LocalTrainer, build_trainer
-from plfl.config import FederationConfig
+from plfl.config import FederationConfig, load_config
 from plfl.data import load_federated_data
+from plfl.errors import ConfigError, PlflError
 from plfl.federation import FederationLoop
 from plfl.methods import FederationContext, method_class
 from plfl.models import build_model
 from plfl.state import ClientStateStore
 
 
-def run_experiment(cfg: DictConfig) -> tuple[Path, dict[str, Any]]:
+def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path, dict[str, Any]]:
     """Load the data, build model, method and callbacks, and run the federation.
 
     Everything that can fail on bad input (data files, model/data mismatch,
-    method options) is checked before the run directory is created.
+    method options, the checkpoint to resume from) is checked before the run
+    directory is created or, on resume, changed.
+
+    Args:
+        cfg: a validated config (:func:`plfl.config.load_config`, or :func:`resume_config`).
+        resume: a run directory to continue from its newest intact checkpoint
+            (it must have been run with ``cfg``'s data, model and method).
 
     Returns:
-        The run directory (``<output_dir>/<name>/<time>/``) and the summary.
+        The run directory (``<output_dir>/<name>/<time>/``, or ``resume``) and the summary.
 
     Raises:
-        PlflError: bad data or config (nothing is written).
-        Exception: a failure during training; the run directory then holds
-            the results so far and a summary.json with ``status: failed``.
+        PlflError: bad data or config, or nothing to resume (nothing is written).
+        FederationError: too many failed clients or a diverged global model; the
+            run directory keeps the rounds so far, their last checkpoint, and a
+            summary.json with ``status: failed`` and the error.
+        Exception: any other failure during training, with the same files kept.
     """
+    checkpoint = load_latest_checkpoint(resume / "checkpoints")[1] if resume else None
+    if checkpoint is not None and checkpoint["round"] >= cfg.federation.rounds:
+        raise PlflError(f"{resume} already finished round {checkpoint['round']} of federation.rounds="
+                        f"{cfg.federation.rounds}; to train longer, pass federation.rounds=N with N larger.")
     federation: FederationConfig = OmegaConf.to_object(cfg.federation)
     L.seed_everything(federation.seed, verbose=False)
     data = load_federated_data(OmegaConf.to_object(cfg.data), federation.seed)
@@ -45,20 +60,47 @@ def run_experiment(cfg: DictConfig) -> tuple[Path, dict[str, Any]]:
     method_cls = method_class(cfg.method.name)
     method = method_cls(OmegaConf.to_object(cfg.method), context, initial_params)
 
-    run_dir = new_run_dir(Path(cfg.output_dir) / cfg.name)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    run_dir = resume or new_run_dir(Path(cfg.output_dir) / cfg.name)
+    write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
-    loop = FederationLoop(method, context, build_callbacks(cfg), run)
+    loop = FederationLoop(method, context, [], run)
+    if checkpoint is not None:
+        loop.load_state_dict(checkpoint)
+    loop.callbacks.extend(build_callbacks(cfg, loop.state_dict))
     return run_dir, loop.run()
 
 
-def build_callbacks(cfg: DictConfig) -> list[FederationCallback]:
-    """The callbacks the config asks for: result files always, W&B and the progress bar on request."""
+def resume_config(run_dir: Path, overrides: list[str] = ()) -> DictConfig:
+    """The config of the run in ``run_dir`` (its config.yaml) with ``overrides`` applied.
+
+    Raises:
+        PlflError: ``run_dir`` is not a run directory.
+        ConfigError: an invalid override, or one that changes what the saved state
+            depends on (``data.*``, ``model.*``, ``method.name``).
+    """
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise PlflError(f"{run_dir} is not a plfl run directory (it has no config.yaml); pass the "
+                        "runs/<name>/<time>/ directory that plfl fit printed.")
+    saved = load_config(path)
+    cfg = load_config(path, overrides)
+    for key in ("data", "model", "method.name"):
+        if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
+            raise ConfigError(f"--resume cannot change {key}: the checkpoint holds state for the saved "
+                              f"{key}. Start a new run with plfl fit --config {path} {' '.join(overrides)}.")
+    return cfg
+
+
+def build_callbacks(cfg: DictConfig, state: Callable[[], dict[str, Any]]) -> list[FederationCallback]:
+    """The callbacks the config asks for: result files always, W&B and the progress bar on request,
+    and checkpoints of ``state()`` unless ``checkpoint_every`` is 0 (last, after the result files)."""
     callbacks: list[FederationCallback] = [RunFiles(metrics=cfg.logger.name != "none")]
     if cfg.logger.name == "wandb":
         callbacks.append(WandbRun(cfg.logger.project, cfg.logger.entity))
     if cfg.progress_bar:
         callbacks.append(RoundProgress())
+    if cfg.checkpoint_every:
+        callbacks.append(Checkpoints(state, cfg.checkpoint_every, cfg.keep_checkpoints))
     return callbacks
 
 

@@ -7,20 +7,34 @@ model and evaluates; rounds 1..R train the sampled clients, aggregate,
 broadcast and evaluate. Evaluation uses each client's model right after its
 local initialisation (``pre_local_init``) and before its local training, on
 its own test split, as the reference code evaluates.
+
+A client whose local training raises, or returns NaN/Inf parameters, is
+left out of its round's aggregation with a warning; a round fails when more
+than ``federation.max_failed_clients`` of its clients fail (or all do). A
+non-finite global model (``Method.global_params``) after aggregation stops
+the run. ``state_dict``/``load_state_dict`` capture everything needed to
+continue a run after its last finished round.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+import warnings
 from functools import cached_property
 from typing import Any, Optional
 
 import torch
 
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
+from plfl.client import TrainResult
+from plfl.errors import FederationError, PlflError, PlflWarning
 from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics
-from plfl.seeding import sample_clients
+from plfl.seeding import global_rng_state, sample_clients, set_global_rng_state
+from plfl.state import Params
+
+CHECKPOINT_FORMAT = 1
 
 
 class FederationLoop:
@@ -40,20 +54,26 @@ class FederationLoop:
         self.federation = context.federation
         self.history: list[RoundResult] = []
         self.best: Optional[tuple[float, int]] = None  # (accuracy, round)
+        self.failures: list[dict[str, Any]] = []  # {round, client, reason} of every client left out
 
     @property
     def num_clients(self) -> int:
         return len(self.context.data.clients)
 
     def run(self) -> dict[str, Any]:
-        """Run rounds 0..R and return the summary (see :meth:`summary`).
+        """Run the rounds after the last finished one (0..R for a new run) and return the summary
+        (see :meth:`summary`).
 
         Exceptions propagate after every callback's ``on_fit_error`` has seen
         a summary with ``status: failed``, the error, and the rounds finished so far.
+
+        Raises:
+            FederationError: a round with too many failed clients, or a non-finite global model.
         """
-        self._emit("on_fit_start", self.run_info)
+        self._emit("on_fit_start", dataclasses.replace(self.run_info, history=list(self.history)))
+        start = self.history[-1].round + 1 if self.history else 0
         try:
-            for round_ in range(self.federation.rounds + 1):
+            for round_ in range(start, self.federation.rounds + 1):
                 self._emit("on_round_start", round_)
                 result = self.run_round(round_)
                 self.history.append(result)
@@ -84,23 +104,69 @@ class FederationLoop:
         return RoundResult(round_, row, clients, self.method.round_tables(round_))
 
     def _train_and_aggregate(self, round_: int) -> dict[str, float]:
-        """Local training of the sampled clients, then the server's aggregation."""
+        """Local training of the sampled clients, then the server's aggregation of those that succeeded."""
         method, store = self.method, self.context.store
-        messages, loss_sum, samples = {}, 0.0, 0
-        for client_id in sample_clients(self.federation.seed, round_, self.num_clients, self.federation.join_ratio):
-            result = method.local_train(client_id, store.get(client_id, "model"), round_)
-            result = method.post_train(client_id, result, round_)
+        sampled = sample_clients(self.federation.seed, round_, self.num_clients, self.federation.join_ratio)
+        messages, failed, loss_sum, samples = {}, [], 0.0, 0
+        for client_id in sampled:
+            result = self._train_client(client_id, round_)
+            if isinstance(result, str):
+                failed.append({"round": round_, "client": client_id, "reason": result})
+                continue
             store.set(client_id, "model", result.params)
             messages[client_id] = method.client_message(client_id, result)
             loss_sum += result.loss * result.samples_seen
             samples += result.samples_seen
             self._emit("on_client_end", round_, client_id, result)
+        self._check_failures(round_, len(sampled), failed)
         method.aggregate(messages, round_)
+        bad = non_finite(method.global_params)
+        if bad is not None:
+            raise FederationError(
+                f"Round {round_}: the global model holds NaN or Inf in {bad!r} after aggregation: the federation "
+                f"diverged. Lower federation.lr (now {self.federation.lr}) and start again, or continue from the "
+                "last good checkpoint with plfl fit --resume RUN_DIR federation.lr=...")
         return {
             "train_loss": loss_sum / samples if samples else float("nan"),
+            "failed_clients": len(failed),
             "params_received": sum(numel(m) for m in messages.values()),
             "bytes_received": sum(nbytes(m) for m in messages.values()),
         }
+
+    def _train_client(self, client_id: int, round_: int) -> TrainResult | str:
+        """The client's trained result, or why it failed (an exception, or NaN/Inf in its parameters)."""
+        try:
+            result = self.method.local_train(client_id, self.context.store.get(client_id, "model"), round_)
+            result = self.method.post_train(client_id, result, round_)
+        except PlflError:
+            raise  # bad input or options: every client would fail the same way
+        except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
+            return f"local training raised {type(error).__name__}: {error}"
+        bad = non_finite(result.params)
+        if bad is not None:
+            return f"its trained parameter {bad!r} holds NaN or Inf (training diverged)"
+        return result
+
+    def _check_failures(self, round_: int, sampled: int, failed: list[dict[str, Any]]) -> None:
+        """Warn about each failed client; raise FederationError when too many failed.
+
+        Raises:
+            FederationError: more than ``max_failed_clients`` failed, or all of them.
+        """
+        for f in failed:
+            warnings.warn(PlflWarning(f"Round {round_}: client {f['client']} is left out of the aggregation: "
+                                      f"{f['reason']}."), stacklevel=2)
+        self.failures.extend(failed)
+        limit = self.federation.max_failed_clients
+        if len(failed) == sampled or (limit is not None and len(failed) > limit):
+            reasons = "; ".join(f"client {f['client']}: {f['reason']}" for f in failed)
+            count = f"all {sampled}" if len(failed) == sampled else f"{len(failed)} of {sampled}"
+            limit_text = "" if limit is None else f" (federation.max_failed_clients={limit})"
+            raise FederationError(
+                f"Round {round_}: {count} clients failed{limit_text}: {reasons}. Fix the cause (e.g. lower "
+                "federation.lr if training diverged) and continue with plfl fit --resume RUN_DIR "
+                "[federation.lr=...], or allow more failures with federation.max_failed_clients."
+            )
 
     def _broadcast(self, round_: int) -> dict[str, int]:
         """Every client receives the server's message and initialises its model; returns what was sent."""
@@ -162,8 +228,47 @@ class FederationLoop:
             "bytes_received_per_round": mean("bytes_received"),
             "num_clients": self.num_clients,
             "num_parameters": self.run_info.num_parameters,
+            "failed_clients": self.failures,
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue after the last finished round: the finished rounds' results,
+        the method's server state, the client-state store and the global RNGs (see plfl.checkpoint)."""
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "round": self.history[-1].round if self.history else None,
+            "history": [dataclasses.asdict(r) for r in self.history],
+            "best": self.best,
+            "failures": self.failures,
+            "method": self.method.state_dict(),
+            "store": self.context.store.state_dict(),
+            "rng": global_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (see :meth:`state_dict`); :meth:`run` then starts at the next round.
+
+        Raises:
+            PlflError: ``state`` was saved in another format.
+        """
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise PlflError(f"The checkpoint has format {state.get('format')!r}; this plfl reads format "
+                            f"{CHECKPOINT_FORMAT}. Resume it with the plfl version that wrote it.")
+        self.history = [RoundResult(**r) for r in state["history"]]
+        self.best = state["best"]
+        self.failures = state["failures"]
+        self.method.load_state_dict(state["method"])
+        self.context.store.load_state_dict(state["store"])
+        set_global_rng_state(state["rng"])
 
     def _emit(self, hook: str, *args: Any) -> None:
         for callback in self.callbacks:
             getattr(callback, hook)(*args)
+
+
+def non_finite(params: Optional[Params]) -> Optional[str]:
+    """The name of the first floating tensor in ``params`` that holds NaN or Inf; None if there is none."""
+    for name, tensor in (params or {}).items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            return name
+    return None

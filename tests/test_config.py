@@ -23,9 +23,10 @@ def error_of(*overrides, path=QUICKSTART) -> str:
 @pytest.mark.parametrize("override, message", [
     ("federation.roundz=3", "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
                             "Valid keys in section 'federation': batch_size, eval_every, join_ratio, "
-                            "local_epochs, lr, momentum, rounds, seed."),
+                            "local_epochs, lr, max_failed_clients, momentum, rounds, seed."),
     ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
-    ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: data, federation, logger, method, model,"),
+    ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
+                 "keep_checkpoints, logger, method, model,"),
     ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
     ("federation.rounds=-1", "Config key 'federation.rounds' must be an integer >= 0; got -1."),
     ("federation.join_ratio=0", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 0.0."),

@@ -19,6 +19,8 @@ class RunInfo:
     run_dir: Path
     num_clients: int
     num_parameters: int  # scalars in the global model
+    # Rounds finished before this start (restored from a checkpoint by plfl fit --resume); empty for a new run.
+    history: list[RoundResult] = field(default_factory=list)
 
 
 @dataclass

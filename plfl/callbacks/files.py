@@ -45,21 +45,32 @@ class RunFiles(FederationCallback):
         self.tables: dict[str, list[dict[str, Any]]] = {}
 
     def on_fit_start(self, run: RunInfo) -> None:
+        """On resume, the files are rewritten from the restored rounds: rows of rounds
+        that ran after the checkpoint, before the crash, are dropped."""
         self.run_dir = run.run_dir
+        for result in run.history:
+            self._add(result)
+        if run.history and self.metrics:
+            self._write(set(self.tables))
 
     def on_round_end(self, result: RoundResult) -> None:
-        if not self.metrics:
-            return
+        self._add(result)
+        if self.metrics:
+            self._write(set(result.tables))
+
+    def _add(self, result: RoundResult) -> None:
         self.rounds.append(result.metrics)
-        write_atomically(self.run_dir / "metrics.csv", csv_text(self.rounds))
-        if result.clients:
-            self.clients.extend(result.clients)
-            write_atomically(self.run_dir / "clients.csv", csv_text(self.clients))
+        self.clients.extend(result.clients)
         for name, rows in result.tables.items():
-            table = self.tables.setdefault(name, [])
-            table.extend({"round": result.round, **row} for row in rows)
+            self.tables.setdefault(name, []).extend({"round": result.round, **row} for row in rows)
+
+    def _write(self, tables: set[str]) -> None:
+        write_atomically(self.run_dir / "metrics.csv", csv_text(self.rounds))
+        if self.clients:
+            write_atomically(self.run_dir / "clients.csv", csv_text(self.clients))
+        for name in tables:
             (self.run_dir / "tables").mkdir(exist_ok=True)
-            write_atomically(self.run_dir / "tables" / f"{name}.csv", csv_text(table))
+            write_atomically(self.run_dir / "tables" / f"{name}.csv", csv_text(self.tables[name]))
 
     def on_fit_end(self, summary: dict[str, Any]) -> None:
         write_atomically(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

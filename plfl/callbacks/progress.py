@@ -22,7 +22,8 @@ class RoundProgress(FederationCallback):
             TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console,
         )
         self.progress.start()
-        self.task = self.progress.add_task(f"{run.config.name} rounds", total=run.config.federation.rounds + 1)
+        self.task = self.progress.add_task(f"{run.config.name} rounds", total=run.config.federation.rounds + 1,
+                                           completed=len(run.history))
 
     def on_round_end(self, result: RoundResult) -> None:
         m = result.metrics

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -24,6 +26,9 @@ class WandbRun(FederationCallback):
         self.logger = WandbLogger(
             project=self.project, entity=self.entity, name=run.config.name, save_dir=str(run.run_dir),
             config=OmegaConf.to_container(run.config, resolve=True),
+            # One W&B run per run directory: plfl fit --resume continues it (its rounds are logged again
+            # from the checkpoint on, against the step metric ``round``).
+            id=wandb_run_id(run.run_dir), resume="allow" if run.history else None,
         )
         experiment = self.logger.experiment
         experiment.define_metric("round")
@@ -47,3 +52,9 @@ class WandbRun(FederationCallback):
     def on_fit_error(self, summary: dict[str, Any]) -> None:
         self.logger.experiment.summary.update(summary)
         self.logger.experiment.finish(exit_code=1)
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """A W&B run id that names ``run_dir``: its time stamp and a hash of its absolute path."""
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return f"{run_dir.name}-{digest}"

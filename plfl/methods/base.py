@@ -56,6 +56,8 @@ class Method:
 
     name: ClassVar[str]
     config_class: ClassVar[type] = MethodConfig
+    # The attributes that make up the server's state between rounds (see :meth:`state_dict`).
+    server_state: ClassVar[tuple[str, ...]] = ("global_params",)
 
     def __init__(self, config: MethodConfig, context: FederationContext, initial_params: Params):
         self.config = config
@@ -130,6 +132,16 @@ class Method:
             return {}
         flat = torch.cat([t.flatten() for w in weights for t in w.values()])
         return {"ala_weight_mean": flat.mean().item(), "ala_epochs_mean": sum(epochs) / len(epochs)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server's state between rounds, for checkpoints: the ``server_state`` attributes
+        (tensors, numbers, and dicts and lists of them). Per-client state is in the store."""
+        return {name: getattr(self, name) for name in self.server_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        for name in self.server_state:
+            setattr(self, name, state[name])
 
     @property
     def seed(self) -> int:

@@ -50,6 +50,7 @@ class FedFTHA(Method):
 
     name = "fedftha"
     config_class = FedFTHAConfig
+    server_state = ("global_params", "heads")
 
     def __init__(self, config: FedFTHAConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)

@@ -181,6 +181,24 @@ class PFedLA(Method):
         self.thetas = {key: torch.stack([messages[j][key] if j in messages else old for j, old in enumerate(stacked)])
                        for key, stacked in self.thetas.items()}
 
+    def state_dict(self) -> dict[str, Any]:
+        """Also θ_j, the hypernetworks' ψ_i and v_i, and each client's last α_i and retained layers.
+
+        A broadcast is saved without its θ snapshot: at a round's end (when
+        checkpoints are taken) every client's was just sent from the current θ.
+        """
+        return {**super().state_dict(), "thetas": self.thetas,
+                "hypernetworks": [hn.state_dict() for hn in self.hypernetworks],
+                "sent": [None if b is None else {"alpha": b.alpha, "retained": sorted(b.retained)} for b in self.sent]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.thetas = state["thetas"]
+        for hypernetwork, saved in zip(self.hypernetworks, state["hypernetworks"]):
+            hypernetwork.load_state_dict(saved)
+        self.sent = [None if b is None else Broadcast(self.thetas, b["alpha"], frozenset(b["retained"]))
+                     for b in state["sent"]]
+
     def update_hypernetwork(self, client_id: int, trained: Params) -> None:
         """One SGD step of v_i, ψ_i on ½‖θ̄_i − θ_i^new‖² (Eq. 10–11).
 

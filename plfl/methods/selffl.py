@@ -186,6 +186,7 @@ class SelfFL(Method):
 
     name = "selffl"
     config_class = SelfFLConfig
+    server_state = ("global_params", "sigma0_sq", "sigma_sq", "total_weight", "trained")
 
     def __init__(self, config: SelfFLConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
