@@ -45,9 +45,13 @@ def read_run(run_dir: Path) -> RunRecord:
     if result.get("status") != "completed":
         raise PlflError(f"The run in {run_dir} did not complete (status {result.get('status')!r}); "
                         "leave it out of the comparison or resume it.")
-    dataset = cfg.data.source if cfg.data.source != "pfllib" else f"pfllib:{Path(cfg.data.root).name}"
-    return RunRecord(cfg.method.name, dataset, cfg.federation.seed, result["best_accuracy"],
+    return RunRecord(cfg.method.name, dataset_name(cfg), cfg.federation.seed, result["best_accuracy"],
                      result["seconds_per_round"], result["params_sent_per_round"])
+
+
+def dataset_name(cfg) -> str:
+    """A run config's data set: ``data.source``, with the PFLlib directory's name for pfllib data."""
+    return cfg.data.source if cfg.data.source != "pfllib" else f"pfllib:{Path(cfg.data.root).name}"
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
