@@ -63,7 +63,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
         else:
             runs.extend(sorted(p.parent for p in path.rglob("summary.json")))
     if not runs:
-        raise PlflError(f"No run directories (with summary.json) under {', '.join(map(str, paths))}.")
+        raise PlflError(f"No run directories (with summary.json) under {', '.join(map(str, paths))}; "
+                        "pass runs/<name>/<time>/ or a folder holding such directories.")
     return runs
 
 
