@@ -196,7 +196,8 @@ def require_chromium() -> None:
         missing.append("the selenium package")
     if not missing:
         return
-    message = f"browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver; pip install -e '.[dev]')"
+    message = (f"browser test needs {', '.join(missing)} "
+               "(apt-get install chromium chromium-driver; pip install -e '.[dev]')")
     if os.environ.get("CI", "").lower() not in ("", "0", "false"):
         pytest.fail(message)
     pytest.skip(message)

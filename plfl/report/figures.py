@@ -93,7 +93,8 @@ def seconds_figure(runs: list[ReportRun]) -> go.Figure:
 
 
 def communication_figure(runs: list[ReportRun]) -> go.Figure:
-    """Bytes the server sent (solid) and received (dashed) per round (metrics.csv ``bytes_sent``, ``bytes_received``)."""
+    """Bytes the server sent (solid) and received (dashed) per round
+    (metrics.csv ``bytes_sent``, ``bytes_received``)."""
     fig = go.Figure()
     for run in runs:
         rounds, sent = run.series("bytes_sent")
