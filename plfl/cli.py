@@ -1,5 +1,6 @@
 """Command line: ``plfl fit --config X.yaml [--seeds 0,1,2] [key=value ...]``, ``plfl fit --resume RUN_DIR``,
-``plfl sweep X.yaml [--count N] [key=value ...]``, ``plfl compare RUN_DIR...``."""
+``plfl sweep X.yaml [--count N] [key=value ...]``, ``plfl compare RUN_DIR...``,
+``plfl report RUN_DIR... [-o report.html]``."""
 
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
                          help="run directories, or folders holding them (e.g. runs/)")
     compare.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help="show the traceback of a failure")
+    report = commands.add_parser("report", help="write an interactive HTML page of finished runs (opens offline)")
+    report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
+                        help="run directories, or folders holding them (e.g. runs/)")
+    report.add_argument("--output", "-o", type=Path, default=Path("report.html"),
+                        help="HTML file to write (default: report.html)")
+    report.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of a failure")
     return parser
 
 
@@ -87,6 +95,12 @@ def compare(args: argparse.Namespace) -> None:
     print(comparison_table([read_run(d) for d in find_runs(args.runs)]))
 
 
+def report(args: argparse.Namespace) -> None:
+    from plfl.report import write_report  # imports plotly: only when reporting
+
+    print(f"Report: {write_report(args.runs, args.output)}")
+
+
 def sweep(args: argparse.Namespace) -> int:
     """Returns 1 when a trial in the sweep failed (its error is in the table), else 0."""
     from plfl.sweep import print_results, run_sweep
@@ -102,10 +116,11 @@ def sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-COMMANDS = {"fit": fit, "sweep": sweep, "compare": compare}
+COMMANDS = {"fit": fit, "sweep": sweep, "compare": compare, "report": report}
 INTERRUPTED = {"fit": "rounds finished so far are in the run directory; plfl fit --resume RUN_DIR continues",
                "sweep": "finished trials are saved; run the same command again to continue",
-               "compare": "nothing was written"}
+               "compare": "nothing was written",
+               "report": "the report may be incomplete; run the command again"}
 
 
 def main(argv: list[str] | None = None) -> int:

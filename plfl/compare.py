@@ -45,9 +45,13 @@ def read_run(run_dir: Path) -> RunRecord:
     if result.get("status") != "completed":
         raise PlflError(f"The run in {run_dir} did not complete (status {result.get('status')!r}); "
                         "leave it out of the comparison or resume it.")
-    dataset = cfg.data.source if cfg.data.source != "pfllib" else f"pfllib:{Path(cfg.data.root).name}"
-    return RunRecord(cfg.method.name, dataset, cfg.federation.seed, result["best_accuracy"],
+    return RunRecord(cfg.method.name, dataset_name(cfg), cfg.federation.seed, result["best_accuracy"],
                      result["seconds_per_round"], result["params_sent_per_round"])
+
+
+def dataset_name(cfg) -> str:
+    """A run config's data set: ``data.source``, with the PFLlib directory's name for pfllib data."""
+    return cfg.data.source if cfg.data.source != "pfllib" else f"pfllib:{Path(cfg.data.root).name}"
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -59,7 +63,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
         else:
             runs.extend(sorted(p.parent for p in path.rglob("summary.json")))
     if not runs:
-        raise PlflError(f"No run directories (with summary.json) under {', '.join(map(str, paths))}.")
+        raise PlflError(f"No run directories (with summary.json) under {', '.join(map(str, paths))}; "
+                        "pass runs/<name>/<time>/ or a folder holding such directories.")
     return runs
 
 

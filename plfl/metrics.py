@@ -28,11 +28,25 @@ def federation_metrics(results: dict[int, EvalResult]) -> dict[str, float]:
     if not results or total == 0:
         raise ValueError("no client test samples to evaluate")
     accuracies = np.sort([r.accuracy for r in results.values() if r.total])
-    worst = accuracies[: math.ceil(WORST_FRACTION * len(accuracies))]
     return {
         "accuracy": sum(r.correct for r in results.values()) / total,
         "client_accuracy_mean": float(accuracies.mean()),
         "client_accuracy_std": float(accuracies.std()),
-        "worst10_accuracy": float(worst.mean()),
+        "worst10_accuracy": tail_means(accuracies)[0],
         "test_loss": sum(r.loss * r.total for r in results.values() if r.total) / total,
     }
+
+
+def tail_means(accuracies) -> tuple[float, float]:
+    """Mean accuracy of the worst and of the best ⌈10 %⌉ of ``accuracies``.
+
+    ``accuracies``: one fraction in [0, 1] per client that has test samples, any order.
+
+    Raises:
+        ValueError: ``accuracies`` is empty.
+    """
+    ordered = np.sort(np.asarray(accuracies, dtype=float))
+    if not ordered.size:
+        raise ValueError("no client accuracies")
+    tail = math.ceil(WORST_FRACTION * ordered.size)
+    return float(ordered[:tail].mean()), float(ordered[-tail:].mean())

@@ -1,0 +1,54 @@
+"""``plfl report``: one self-contained interactive HTML page of finished runs.
+
+The page shows, for the runs given: accuracy per round, the client accuracy
+distribution at each run's best round, worst-10 % / top-10 % client accuracy,
+seconds and bytes per round, and the method-specific panels a run has data for
+(global-model accuracy, ALA weights, Self-FL's σ_0², σ_m², l_m, pFedLA's
+aggregation-weight heatmaps). plotly.js is embedded, so the page opens offline.
+
+Modules: ``runs`` reads run directories, ``figures`` builds one plotly figure
+per panel, ``page`` assembles the HTML.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plfl.compare import find_runs
+from plfl.errors import PlflError
+from plfl.report.figures import all_figures
+from plfl.report.page import page_html
+from plfl.report.runs import ReportRun, label_runs, read_report_run
+
+__all__ = ["ReportRun", "load_runs", "write_report"]
+
+
+def load_runs(paths: list[Path]) -> list[ReportRun]:
+    """The runs in ``paths`` (run directories, or folders searched for them), labelled for the legend.
+
+    Raises:
+        PlflError: a path does not exist, holds no run directory, or a run lacks a file (see read_report_run).
+    """
+    for path in paths:
+        if not path.exists():
+            raise PlflError(f"{path} does not exist; pass run directories (runs/<name>/<time>/) "
+                            "or folders holding them (e.g. runs/).")
+    runs = [read_report_run(d) for d in find_runs(paths)]
+    label_runs(runs)
+    return runs
+
+
+def write_report(paths: list[Path], output: Path = Path("report.html")) -> Path:
+    """Writes the report page of the runs in ``paths`` to ``output`` (its folder is created); returns ``output``.
+
+    Raises:
+        PlflError: as load_runs, or ``output`` cannot be written.
+    """
+    runs = load_runs(paths)
+    text = page_html(runs, all_figures(runs))
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as e:
+        raise PlflError(f"Cannot write the report to {output} ({e.strerror}); choose another path with -o.") from None
+    return output
