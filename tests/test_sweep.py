@@ -97,6 +97,17 @@ def test_grid_sweep_runs_every_combination_and_reruns_only_a_deleted_trial(tmp_p
     assert run_dirs(tmp_path) == before
 
 
+def test_an_override_of_a_constant_parameter_is_the_value_every_trial_runs_and_shows(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(plfl.experiment, "run_experiment", fake_training(calls))
+    path = write_sweep(tmp_path, {"federation.lr": {"values": [0.01, 0.1]}, "method.name": {"value": "fedavg"}})
+    run_sweep(path, ["method.name=local"])
+    assert calls == [(0.01, "local"), (0.1, "local")]
+    assert [r["method.name"] for r in rows(tmp_path)] == ["local", "local"]
+    with pytest.raises(ConfigError, match="'federation.lr=0.5' sets a parameter that .* sweeps"):
+        run_sweep(path, ["federation.lr=0.5"])
+
+
 def test_an_interrupted_sweep_continues_and_a_failing_trial_is_recorded(tmp_path, monkeypatch, capsys):
     path = write_sweep(tmp_path)
     calls = []
