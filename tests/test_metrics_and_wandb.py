@@ -26,3 +26,33 @@ def test_wandb_offline_run_is_written(digits_config, monkeypatch):
     assert len(offline_runs) == 1 and offline_runs[0].stat().st_size > 0
     assert (run_dir / "metrics.csv").is_file()  # plfl's own files are written too
     assert summary["status"] == "completed"
+
+
+def test_wandb_receives_accuracy_histogram_and_method_panels(digits_config, monkeypatch):
+    """What the W&B dashboards plot: per-round metrics against ``round``, the client accuracy histogram,
+    and each method's own panels (ALA weights, Self-FL's σ's and l_m, pFedLA's weight table, bytes)."""
+    import wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    logged = []
+    log = wandb.sdk.wandb_run.Run.log
+    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", lambda self, data, *a, **k: (logged.append(data),
+                                                                                     log(self, data, *a, **k)))
+    expected = {
+        "fedala": {"ala_weight_mean", "ala_weight_std", "ala_weight_zero_fraction", "ala_epochs_mean"},
+        "selffl": {"selffl_sigma0_sq", "selffl_sigma_sq_mean", "selffl_local_steps_mean", "selffl_clients"},
+        "pfedla": {"self_weight_mean", "aggregation_weights"},
+    }
+    options = {"selffl": {"method.warmup_rounds": 0, "method.l_max": 5}}
+    for method, keys in expected.items():
+        logged.clear()
+        run_experiment(digits_config(**{"logger.name": "wandb", "method.name": method, **options.get(method, {})}))
+        assert [row["round"] for row in logged] == [0, 1, 2, 3]
+        last = logged[-1]
+        assert keys | {"accuracy", "worst10_accuracy", "bytes_sent", "bytes_received"} <= set(last), method
+        assert isinstance(last["client_accuracy"], wandb.Histogram)
+        table = last.get("aggregation_weights") or last.get("selffl_clients")
+        if table is not None:
+            assert isinstance(table, wandb.Table) and len(table.data) > 0
+    assert logged[-1]["aggregation_weights"].columns[:3] == ["client", "layer", "retained"]

@@ -123,7 +123,11 @@ class Method:
         return {}
 
     def round_metrics(self) -> dict[str, float]:
-        """Method statistics logged with each round's metrics (ALA: mean weight and epochs)."""
+        """Method statistics logged with each round's metrics.
+
+        ALA: mean, std, and fractions at 0 (local value kept) and 1 (global value
+        taken) of all clients' element-wise weights W_i, and mean epochs of the last ALA.
+        """
         if self.ala is None:
             return {}
         weights = [w for i in range(len(self.store)) if (w := self.store.get(i, "ala_weights"))]
@@ -131,7 +135,10 @@ class Method:
         if not weights:
             return {}
         flat = torch.cat([t.flatten() for w in weights for t in w.values()])
-        return {"ala_weight_mean": flat.mean().item(), "ala_epochs_mean": sum(epochs) / len(epochs)}
+        return {"ala_weight_mean": flat.mean().item(), "ala_weight_std": flat.std(correction=0).item(),
+                "ala_weight_zero_fraction": (flat == 0).float().mean().item(),
+                "ala_weight_one_fraction": (flat == 1).float().mean().item(),
+                "ala_epochs_mean": sum(epochs) / len(epochs)}
 
     def state_dict(self) -> dict[str, Any]:
         """The server's state between rounds, for checkpoints: the ``server_state`` attributes
