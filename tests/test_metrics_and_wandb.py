@@ -3,7 +3,7 @@
 import pytest
 
 from plfl.client import EvalResult
-from plfl.experiment import run_experiment
+from plfl.experiment import resume_config, run_experiment
 from plfl.metrics import federation_metrics
 
 
@@ -26,6 +26,11 @@ def test_wandb_offline_run_is_written(digits_config, monkeypatch):
     assert len(offline_runs) == 1 and offline_runs[0].stat().st_size > 0
     assert (run_dir / "metrics.csv").is_file()  # plfl's own files are written too
     assert summary["status"] == "completed"
+
+    run_id = (run_dir / "wandb_run_id").read_text()
+    run_experiment(resume_config(run_dir, ["federation.rounds=2"]), run_dir)
+    assert (run_dir / "wandb_run_id").read_text() == run_id  # the resumed run logs to the same W&B run
+    assert all(run_id.strip() in p.name for p in (run_dir / "wandb").glob("offline-run-*"))
 
 
 def test_wandb_receives_accuracy_histogram_and_method_panels(digits_config, monkeypatch):

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
+
+RUN_ID_FILE = "wandb_run_id"  # in the run directory
 
 
 class WandbRun(FederationCallback):
@@ -23,14 +23,16 @@ class WandbRun(FederationCallback):
     def on_fit_start(self, run: RunInfo) -> None:
         from lightning.pytorch.loggers import WandbLogger
 
+        id_file = run.run_dir / RUN_ID_FILE
+        # plfl fit --resume continues the run's W&B run (rounds from the checkpoint on are logged again,
+        # against the step metric ``round``); a new run takes the id W&B or its sweep agent gives it.
+        resume = {"id": id_file.read_text().strip(), "resume": "allow"} if run.history and id_file.is_file() else {}
         self.logger = WandbLogger(
             project=self.project, entity=self.entity, name=run.config.name, save_dir=str(run.run_dir),
-            config=OmegaConf.to_container(run.config, resolve=True),
-            # One W&B run per run directory: plfl fit --resume continues it (its rounds are logged again
-            # from the checkpoint on, against the step metric ``round``).
-            id=wandb_run_id(run.run_dir), resume="allow" if run.history else None,
+            config=OmegaConf.to_container(run.config, resolve=True), **resume,
         )
         experiment = self.logger.experiment
+        id_file.write_text(experiment.id + "\n")
         experiment.define_metric("round")
         experiment.define_metric("*", step_metric="round")
 
@@ -53,8 +55,3 @@ class WandbRun(FederationCallback):
         self.logger.experiment.summary.update(summary)
         self.logger.experiment.finish(exit_code=1)
 
-
-def wandb_run_id(run_dir: Path) -> str:
-    """A W&B run id that names ``run_dir``: its time stamp and a hash of its absolute path."""
-    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
-    return f"{run_dir.name}-{digest}"
