@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import time
+import timeit
 from pathlib import Path
 
 import torch
@@ -35,15 +35,6 @@ def fedala_like_state(num_clients: int) -> dict:
             "method": {"global_params": params}, "store": clients, "rng": global_rng_state()}
 
 
-def best_of(repeats: int, work) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=20)
@@ -53,8 +44,8 @@ def main() -> None:
     state = fedala_like_state(args.clients)
     path = save_checkpoint(args.dir, 20, state, keep=1)
     size = path.stat().st_size
-    save = best_of(args.repeats, lambda: save_checkpoint(args.dir, 20, state, keep=1))
-    load = best_of(args.repeats, lambda: read_checkpoint(path))
+    save = min(timeit.repeat(lambda: save_checkpoint(args.dir, 20, state, keep=1), number=1, repeat=args.repeats))
+    load = min(timeit.repeat(lambda: read_checkpoint(path), number=1, repeat=args.repeats))
     shutil.rmtree(args.dir)
     print(f"checkpoint of {args.clients} clients: {size / 2**20:.1f} MiB; "
           f"save {save:.3f} s, read {load:.3f} s (best of {args.repeats})")

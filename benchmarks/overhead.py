@@ -10,7 +10,7 @@ best-of-N seconds of each and their ratio.
 from __future__ import annotations
 
 import argparse
-import time
+import timeit
 
 import torch
 import torch.nn.functional as F
@@ -30,13 +30,9 @@ def plain_epoch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_
         optimizer.step()
 
 
-def best_of(repeats: int, fn) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+def best_of(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` calls of ``fn``, in seconds."""
+    return min(timeit.repeat(fn, number=1, repeat=repeats))
 
 
 def main() -> None:
@@ -62,7 +58,7 @@ def main() -> None:
         plain_epoch(model, client.x_train, client.y_train, args.batch_size, seed=0)
 
     plfl_round()  # warm-up: the first fit sets the Trainer up
-    plain, ours = best_of(args.repeats, plain_round), best_of(args.repeats, plfl_round)
+    plain, ours = best_of(plain_round, args.repeats), best_of(plfl_round, args.repeats)
     steps = -(-client.num_train // args.batch_size)
     print(f"client {args.client}: {client.num_train} samples, {steps} steps of batch {args.batch_size}, "
           f"torch threads {torch.get_num_threads()}")
