@@ -59,7 +59,7 @@ def client_distribution_figure(runs: list[ReportRun]) -> go.Figure:
     for run in runs:
         best = run.summary.get("best_round")
         accuracies = run.client_accuracies(best) if best is not None else []
-        name = run.label.replace(": ", "<br>", 1) + f"<br>round {best}"
+        name = run.label.replace(": ", "<br>", 1).replace(", ", "<br>") + f"<br>round {best}"
         fig.add_trace(go.Box(y=[100 * a for a in accuracies], name=name,
                              boxpoints="all", jitter=0.4, pointpos=0, boxmean=True,
                              marker=dict(color=colour(runs, run), size=5), line=dict(color=colour(runs, run)),
