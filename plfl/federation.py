@@ -228,7 +228,7 @@ class FederationLoop:
             "bytes_received_per_round": mean("bytes_received"),
             "num_clients": self.num_clients,
             "num_parameters": self.run_info.num_parameters,
-            "failed_clients": self.failures,
+            "client_failures": self.failures,  # {round, client, reason}; metrics.csv counts them per round
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def test_failing_and_nan_clients_are_left_out_with_a_warning(digits_config, faul
     assert "Round 2: client 3 is left out of the aggregation: its trained parameter 'head.weight' holds NaN or " \
            "Inf (training diverged)." in messages
     assert faulty_clients == {1: [0, 2, 3, 4], 2: [0, 2, 4], 3: [0, 2, 4]}
-    assert [(f["round"], f["client"]) for f in summary["failed_clients"]] == [(1, 1), (2, 1), (2, 3), (3, 1), (3, 3)]
+    assert [(f["round"], f["client"]) for f in summary["client_failures"]] == [(1, 1), (2, 1), (2, 3), (3, 1), (3, 3)]
     with open(run_dir / "metrics.csv") as f:
         metrics = list(csv.DictReader(f))
     assert [row["failed_clients"] for row in metrics] == ["", "1", "2", "2"]
