@@ -106,6 +106,7 @@ class ClientModule(L.LightningModule):
         self.test_loss = torchmetrics.MeanMetric()
         self.register_buffer("_loss_sum", torch.zeros(()), persistent=False)
         self.samples_seen = 0
+        self.proximal: Optional[ProximalTerm] = None  # set by LocalTrainer.train for one fit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -113,6 +114,8 @@ class ClientModule(L.LightningModule):
     def on_fit_start(self) -> None:
         self._loss_sum.zero_()
         self.samples_seen = 0
+        if self.proximal is not None:  # the anchor moves to the model's device once per fit
+            self.proximal = self.proximal.to(self.device)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -120,6 +123,8 @@ class ClientModule(L.LightningModule):
         # Summed as a tensor: a .item() per step would synchronise every batch on a GPU.
         self._loss_sum += loss.detach() * len(y)
         self.samples_seen += len(y)
+        if self.proximal is not None:
+            loss = loss + self.proximal.penalty(self.model)
         return loss
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -138,13 +143,37 @@ class ClientModule(L.LightningModule):
         return (self._loss_sum / self.samples_seen).item() if self.samples_seen else float("nan")
 
 
+@dataclass(frozen=True)
+class ProximalTerm:
+    """μ/2 · Σ ‖θ − anchor‖² over the trainable parameters, added to the local loss.
+
+    FedProx's proximal term (Li et al., MLSys 2020, Eq. 2) with ``anchor`` the received global
+    model; Ditto's personal objective (Li et al., ICML 2021, Eq. 2) with μ = λ. Its gradient
+    adds μ(θ − anchor) to the cross-entropy's.
+    """
+
+    anchor: Params  # state_dict names → tensors; only the model's parameters are used
+    mu: float  # μ ≥ 0
+
+    def penalty(self, model: nn.Module) -> torch.Tensor:
+        """The scalar term for ``model``'s current parameters (frozen parameters count 0)."""
+        terms = [(p - self.anchor[name]).pow(2).sum() for name, p in model.named_parameters() if p.requires_grad]
+        return self.mu / 2 * torch.stack(terms).sum()
+
+    def to(self, device: torch.device) -> ProximalTerm:
+        return ProximalTerm({k: v.to(device) for k, v in self.anchor.items()}, self.mu)
+
+
 @dataclass
 class TrainResult:
     """Outcome of one client's local training."""
 
-    params: Params  # trained state (CPU tensors)
-    loss: float  # sample-weighted mean training loss over the steps taken
+    params: Params  # trained state (CPU tensors): the client's model from now on
+    loss: float  # sample-weighted mean cross-entropy over the steps taken (no proximal term)
     samples_seen: int  # training samples processed (epochs × n, or steps × batch)
+    # What the client uploads when it is not ``params``, e.g. Ditto's trained copy of the global
+    # model beside its personal model (Method.client_message).
+    upload: Optional[Params] = None
 
 
 @dataclass
@@ -182,6 +211,7 @@ class LocalTrainer:
         epochs: Optional[int] = None,
         steps: Optional[int] = None,
         trainable: Optional[set[str]] = None,
+        proximal: Optional[ProximalTerm] = None,
     ) -> TrainResult:
         """Train from ``params`` on ``(x, y)`` for ``epochs`` epochs or ``steps`` SGD steps.
 
@@ -191,6 +221,7 @@ class LocalTrainer:
             seed: seeds the shuffling of the mini-batches.
             epochs / steps: exactly one of them, ≥ 1.
             trainable: names of the parameters to update (default: all); the others stay frozen.
+            proximal: a term added to the loss (FedProx, Ditto); the reported loss leaves it out.
 
         Raises:
             ValueError: neither or both of ``epochs`` and ``steps`` given.
@@ -205,7 +236,11 @@ class LocalTrainer:
         loop.max_epochs = self.trainer.current_epoch + epochs if epochs else -1
         loop.epoch_loop.max_steps = self.trainer.global_step + steps if steps else -1
         loader = batch_loader(x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch)
-        self.trainer.fit(self.module, train_dataloaders=loader)
+        self.module.proximal = proximal
+        try:
+            self.trainer.fit(self.module, train_dataloaders=loader)
+        finally:
+            self.module.proximal = None
         for p in model.parameters():
             p.requires_grad_(True)
         trained = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

@@ -86,9 +86,9 @@ def test_methods_lists_every_registered_method_with_keys_and_defaults():
     one = plfl("methods", "selffl")
     assert one.stdout.startswith("selffl: Self-FL (Chen et al., NeurIPS 2022)")
     assert "method.ala" not in one.stdout  # Self-FL has its own local initialisation
-    bad = plfl("methods", "fedala", "fedprox")
+    bad = plfl("methods", "fedala", "fedrox")
     assert bad.returncode == 2 and bad.stdout == ""
-    assert "Unknown method.name 'fedprox'" in bad.stderr
+    assert "Unknown method.name 'fedrox'" in bad.stderr
 
 
 def test_config_is_checked_without_importing_torch():

@@ -38,7 +38,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
     ("data.source=imagenet", "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, "
                              "cifar100, pfllib; got 'imagenet'."),
     ("model.name=vgg", "Config key 'model.name' must be one of cnn, mlp, resnet18; got 'vgg'."),
-    ("method.name=fedprox", f"Unknown method.name 'fedprox'; valid names: {', '.join(sorted(METHODS))}."),
+    ("method.name=fedrox", f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(METHODS))}."),
     ("federation.rounds", "Override 'federation.rounds' is not of the form key=value"),
 ])
 def test_config_errors_name_the_key_and_the_fix(override, message):

@@ -86,20 +86,25 @@ class Method:
 
     def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
         """Train the client from ``params`` for ``federation.local_epochs`` epochs."""
+        return self.train_on_client(client_id, params, round_, LOCAL_TRAINING,
+                                    epochs=self.context.federation.local_epochs)
+
+    def train_on_client(self, client_id: int, params: Params, round_: int, stream: int, **options: Any) -> TrainResult:
+        """``LocalTrainer.train`` from ``params`` on the client's training split, its batch order
+        drawn from (seed, round, client, ``stream``); ``options``: epochs or steps, and optionally
+        trainable and proximal (see :meth:`plfl.client.LocalTrainer.train`)."""
         data = self.context.data.clients[client_id]
-        return self.context.local_trainer.train(
-            params, data.x_train, data.y_train,
-            seed=derive_seed(self.seed, round_, client_id, LOCAL_TRAINING),
-            epochs=self.context.federation.local_epochs,
-        )
+        seed = derive_seed(self.seed, round_, client_id, stream)
+        return self.context.local_trainer.train(params, data.x_train, data.y_train, seed=seed, **options)
 
     def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult:
         """Adjust the trained model before upload (e.g. FedFTHA's head fine-tuning)."""
         return result
 
     def client_message(self, client_id: int, result: TrainResult) -> Optional[Params]:
-        """What the client uploads after training (None: nothing is sent)."""
-        return result.params
+        """What the client uploads after training (None: nothing is sent): ``result.upload`` if the
+        method set one, else the trained model."""
+        return result.params if result.upload is None else result.upload
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         """Update the server state (``self.global_params``) from the clients' messages."""

@@ -13,7 +13,7 @@ from plfl.client import TrainResult
 from plfl.methods.base import FederationContext, Method
 from plfl.methods.fedavg import weighted_average
 from plfl.methods.schemas import FedFTHAConfig
-from plfl.seeding import POST_TRAINING, derive_seed
+from plfl.seeding import POST_TRAINING
 from plfl.state import Params
 
 
@@ -45,12 +45,8 @@ class FedFTHA(Method):
         """τ_head epochs of head-only training; the reported loss stays that of the joint epochs."""
         if self.config.head_epochs == 0:
             return result
-        data = self.context.data.clients[client_id]
-        tuned = self.context.local_trainer.train(
-            result.params, data.x_train, data.y_train,
-            seed=derive_seed(self.seed, round_, client_id, POST_TRAINING),
-            epochs=self.config.head_epochs, trainable=self.head_parameters,
-        )
+        tuned = self.train_on_client(client_id, result.params, round_, POST_TRAINING,
+                                     epochs=self.config.head_epochs, trainable=self.head_parameters)
         return TrainResult(tuned.params, result.loss, result.samples_seen + tuned.samples_seen)
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:

@@ -28,7 +28,7 @@ from plfl.errors import ConfigError
 from plfl.methods.base import FederationContext, Method
 from plfl.methods.fedavg import weighted_average
 from plfl.methods.schemas import SelfFLConfig
-from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
 
 # Scalars riding along with the models, as 0-dim float64 tensors (bytes are counted).
@@ -206,11 +206,7 @@ class SelfFL(Method):
         else:
             share, rule_steps = plan
             start = loo_init(global_params, params, share) if self.config.init == "loo" else global_params
-            data = self.context.data.clients[client_id]
-            result = self.context.local_trainer.train(
-                start, data.x_train, data.y_train,
-                seed=derive_seed(self.seed, round_, client_id, LOCAL_TRAINING), steps=self.clipped(rule_steps),
-            )
+            result = self.train_on_client(client_id, start, round_, LOCAL_TRAINING, steps=self.clipped(rule_steps))
         self.store.set(client_id, "selffl_rule_steps", None if plan is None else plan[1])
         count, mean, m2 = welford_update(self.store.get(client_id, "selffl_count", 0),
                                          self.store.get(client_id, "selffl_mean"),
