@@ -18,6 +18,10 @@ import torch
 
 # One stream per kind of randomness, so that e.g. adding ALA does not shift the sampling.
 SAMPLING, LOCAL_TRAINING, ALA_SUBSET, POST_TRAINING, HYPERNETWORK_INIT, SHUFFLING = range(6)
+# Second trainings of a client in a round: fine-tuning the received model (FedAvg-C), a personal
+# model beside the global one (Ditto, pFedMe), adaptation before evaluation (Per-FedAvg), head
+# epochs before body epochs (FedRep).
+FINE_TUNING, PERSONAL_TRAINING, ADAPTATION, HEAD_TRAINING = range(6, 10)
 
 
 def derive_seed(seed: int, round_: int, client_id: int, stream: int) -> int:
