@@ -22,7 +22,8 @@ def squared_error(params, x, y):
 
 
 # D: x = (1, 0), y = 0; D′: x = (1, 1), y = 2; D″: x = (0, 2), y = anything.
-D, D1, D2 = [(torch.tensor([x]), torch.tensor([y])) for x, y in (([1.0, 0.0], 0.0), ([1.0, 1.0], 2.0), ([0.0, 2.0], 5.0))]
+D, D1, D2 = [(torch.tensor([x]), torch.tensor([y]))
+             for x, y in (([1.0, 0.0], 0.0), ([1.0, 1.0], 2.0), ([0.0, 2.0], 5.0))]
 W = {"w": torch.tensor([1.0, 0.0])}
 
 

@@ -1,27 +1,23 @@
 """Per-FedAvg (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020, arXiv:2002.07948): FedAvg of MAML steps.
 
-The clients learn a shared model w that one gradient step adapts well to each of them: the
-objective is F(w) = 1/n Σ_i f_i(w − α∇f_i(w)) (Sec. 3), whose gradient per client is
-∇F_i(w) = (I − α∇²f_i(w)) ∇f_i(w − α∇f_i(w)). Client side (``local_train``, Algorithm 1): from
-the received global w, each step draws batches D, D′ (and D″) and takes
+The clients learn a shared w that one gradient step adapts to each of them: the objective is
+F(w) = 1/n Σ_i f_i(w − α∇f_i(w)), with ∇F_i(w) = (I − α∇²f_i(w)) ∇f_i(w − α∇f_i(w)). Client
+(``local_train``, Algorithm 1): from the received global w, each step draws batches D, D′ (, D″),
+takes the temporary step w̃ = w − α∇f_i(w; D), then
 
-- the temporary step w̃ = w − α∇f_i(w; D);
-- FO (first order, Sec. 5): w ← w − β∇f_i(w̃; D′), the Hessian term dropped;
-- HF (Sec. 5): w ← w − β(I − α∇²f_i(w; D″))∇f_i(w̃; D′).
+- FO (Per-FedAvg (FO)): w ← w − β∇f_i(w̃; D′), the Hessian term dropped;
+- HF (Per-FedAvg (HF)): w ← w − β(I − α∇²f_i(w; D″))∇f_i(w̃; D′).
 
-Server (``aggregate``): FedAvg's average of the uploaded w. Evaluation (``pre_local_init``, as
-PFLlib's ``evaluate_one_step``): the received global after one step of α on one training batch;
-the next round's training starts from the received global again (``local_train``).
-
-Batches as PFLlib's ``clientperavg.py``: each step takes one loader batch of 2B samples (3B for HF),
-B = ``federation.batch_size``, drawn in plfl's seeded order (stream LOCAL_TRAINING), and splits it
-into D, D′ (and D″) of B samples each; α and β both default to ``federation.lr``.
-Departures: HF multiplies the Hessian by the vector exactly, with autodiff (forward over reverse,
-the Hessian never formed), where the paper approximates the product by a gradient difference
-with a small δ; PFLlib drops the last short loader batch, here it is used while it still holds a
-sample for every one of D, D′ (, D″), the last one short; PFLlib's server calls each client's
-``train()`` twice per round (2 × ``local_epochs`` passes), here one call: ``federation.local_epochs=2``
-matches it. PFLlib has no HF variant.
+Server (``aggregate``): FedAvg's average. Evaluated (``pre_local_init``, PFLlib's
+``evaluate_one_step``): the received w after one step of α on one training batch; the next
+round's training starts from the received w again. As PFLlib's ``clientperavg.py``: a step takes
+one loader batch of 2B samples (3B for HF; B = ``federation.batch_size``, plfl's seeded order)
+split into D, D′ (, D″) of B each, and α = β = ``federation.lr`` by default.
+Departures: HF's Hessian-vector product is exact (double backward, the Hessian never formed),
+where the paper takes a gradient difference with a small δ; PFLlib has no HF. PFLlib drops the
+last short loader batch; here it is used while it holds a sample for each of D, D′ (, D″).
+PFLlib's server calls each client's ``train()`` twice per round; ``federation.local_epochs=2``
+matches that.
 """
 
 from __future__ import annotations
