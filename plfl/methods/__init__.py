@@ -42,6 +42,8 @@ METHODS: dict[str, MethodEntry] = {
                               "HeurpFedLA (Ma et al., CVPR 2022): pFedLA keeping k layers local"),
     "selffl": MethodEntry(schemas.SelfFLConfig, "plfl.methods.selffl:SelfFL",
                           "Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware init, steps and aggregation"),
+    "perfedavg": MethodEntry(schemas.PerFedAvgConfig, "plfl.methods.perfedavg:PerFedAvg",
+                             "Per-FedAvg (Fallah et al., NeurIPS 2020): FedAvg of MAML steps, one-step adapted"),
 }
 
 

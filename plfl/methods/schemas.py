@@ -124,3 +124,20 @@ class SelfFLConfig(MethodConfig):
                                  "rounds of plain FedAvg before Self-FL's rules")
     eps: float = checked(1e-10, lambda v: v > 0, "a number > 0",
                          "floor of σ_m² and σ_0², so that the precisions stay finite")
+
+
+@dataclass
+class PerFedAvgConfig(MethodConfig):
+    """Per-FedAvg's keys (Fallah et al., NeurIPS 2020, Algorithm 1 and Sec. 5). It evaluates a one-step
+    adapted model from its own ``pre_local_init``, so it takes no ``method.ala``."""
+
+    name: str = "perfedavg"
+    variant: str = one_of("fo", ("fo", "hf"),
+                          "fo: first-order step, Hessian term dropped; hf: with the exact Hessian-vector "
+                          "product on a third batch D''")
+    alpha: Optional[float] = checked(None, lambda v: v is None or v > 0, "null or a number > 0",
+                                     "α: step size of the temporary step and of the evaluated one-step "
+                                     "adaptation; null: federation.lr, as PFLlib (clientperavg.py)")
+    beta: Optional[float] = checked(None, lambda v: v is None or v > 0, "null or a number > 0",
+                                    "β: step size of the meta update; null: federation.lr, as PFLlib "
+                                    "(clientperavg.py sets beta to the local learning rate)")
