@@ -42,6 +42,14 @@ METHODS: dict[str, MethodEntry] = {
                               "HeurpFedLA (Ma et al., CVPR 2022): pFedLA keeping k layers local"),
     "selffl": MethodEntry(schemas.SelfFLConfig, "plfl.methods.selffl:SelfFL",
                           "Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware init, steps and aggregation"),
+    "fedprox": MethodEntry(schemas.FedProxConfig, "plfl.methods.fedprox:FedProx",
+                           "FedProx (Li et al., MLSys 2020): FedAvg with a proximal term mu/2 |w - w_global|^2"),
+    "fedavg_c": MethodEntry(schemas.FedAvgCConfig, "plfl.methods.fedavg_c:FedAvgC",
+                            "FedAvg-C (FedALA paper, AAAI 2023): FedAvg, global model fine-tuned locally as init"),
+    "fedprox_c": MethodEntry(schemas.FedProxCConfig, "plfl.methods.fedavg_c:FedProxC",
+                             "FedProx-C (FedALA paper, AAAI 2023): FedProx, global model fine-tuned locally as init"),
+    "fedavg_e": MethodEntry(schemas.FedAvgEConfig, "plfl.methods.fedavg_e:FedAvgE",
+                            "FedAvg-e (Self-FL paper, NeurIPS 2022): FedAvg with equal client weights"),
 }
 
 
