@@ -32,7 +32,7 @@ def test_one_step_is_fedavgs_gradient_plus_mu_times_distance_to_the_received_mod
     # Independently: autograd of the mean cross-entropy of the whole split at `start`.
     leaves = {n: start[n].clone().requires_grad_() for n, _ in model.named_parameters()}
     loss = F.cross_entropy(functional_call(model, leaves, (client.x_train,)), client.y_train)
-    for (name, leaf), grad in zip(leaves.items(), torch.autograd.grad(loss, list(leaves.values()))):
+    for name, grad in zip(leaves, torch.autograd.grad(loss, list(leaves.values()))):
         step = (start[name] - trained[name]) / lr  # the gradient SGD applied
         torch.testing.assert_close(step, grad + 0.5 * (start[name] - received[name]), atol=1e-5, rtol=1e-4)
         assert not torch.allclose(step, grad, atol=1e-3), name  # the proximal part is there

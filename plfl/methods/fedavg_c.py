@@ -28,6 +28,7 @@ class FineTunedInit(Method):
     ``config.finetune_epochs`` epochs on the client's training split (put it first in the bases)."""
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
+        """The received global model after ``finetune_epochs`` epochs on the client's data (Sec. 5)."""
         return self.train_on_client(client_id, message, round_, FINE_TUNING,
                                     epochs=self.config.finetune_epochs).params
 
