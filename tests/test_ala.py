@@ -1,4 +1,5 @@
-"""ALA (FedALA, Eq. 3–5): hand-computed weight update, bounds, lower layers, skip and cap."""
+"""ALA (FedALA, Eq. 3–5): hand-computed weight update, bounds, lower layers, skip and cap; on other
+methods it changes only their local initialisation."""
 
 import math
 
@@ -7,9 +8,11 @@ import torch
 from torch import nn
 
 from plfl.errors import PlflWarning
+from plfl.methods import METHODS, method_class
 from plfl.methods.ala import AdaptiveLocalAggregation
-from plfl.methods.schemas import ALAConfig
+from plfl.methods.schemas import ALAConfig, FedAvgConfig
 from plfl.models import BodyHeadModel
+from test_federation import make_context
 
 
 def params_of(model: nn.Module) -> dict:
@@ -74,3 +77,54 @@ def test_initial_stage_runs_until_losses_settle():
     g, loc = params_of(nn.Linear(3, 2)), params_of(nn.Linear(3, 2))
     out = ala(g, loc, None, torch.randn(8, 3), torch.randint(0, 2, (8,)), torch.Generator(), client_id=0)
     assert out.epochs == 4  # needs more than num_pre_loss losses; a huge threshold settles at once
+
+
+# Every method with FedAvg's keys (and so method.ala): later methods join automatically.
+ALA_METHODS = sorted(name for name, entry in METHODS.items() if issubclass(entry.config, FedAvgConfig))
+
+
+@pytest.mark.parametrize("name", ALA_METHODS)
+def test_ala_changes_the_local_initialisation_and_nothing_else(tiny_federation, name):
+    """FedALA paper, Table 4: ALA replaces only the local initialisation of the method it is added to."""
+
+    def make(ala):
+        torch.manual_seed(0)  # the same initial model for both
+        context, model = make_context(tiny_federation)
+        config = METHODS[name].config(ala=ala)
+        return method_class(name)(config, context, {k: v.clone() for k, v in model.state_dict().items()})
+
+    ala = ALAConfig(s=100, p=2, threshold=10.0, num_pre_loss=2)  # a huge threshold: the initial stage settles at once
+    plain, with_ala = make(None), make(ala)
+    clients = range(len(tiny_federation.clients))
+
+    def broadcast(method, round_):
+        for i in clients:
+            method.store.set(i, "model", method.pre_local_init(i, method.server_message(i), round_))
+
+    def train_and_aggregate(method, round_, starts):
+        messages = {i: method.client_message(i, method.post_train(i, method.local_train(i, starts[i], round_),
+                                                                   round_)) for i in clients}
+        for i in clients:
+            method.store.set(i, "model", messages[i])
+        method.aggregate(messages, round_)
+        return messages
+
+    # Round 0 (ALA is skipped at a client's first initialisation) and round 1: identical.
+    broadcast(plain, 0)
+    broadcast(with_ala, 0)
+    train_and_aggregate(plain, 1, {i: plain.store.get(i, "model") for i in clients})
+    train_and_aggregate(with_ala, 1, {i: with_ala.store.get(i, "model") for i in clients})
+    assert all(torch.equal(with_ala.global_params[k], v) for k, v in plain.global_params.items())
+    # Round 1's broadcast: ALA's initialisation differs from the received model, the plain one does not.
+    broadcast(plain, 1)
+    broadcast(with_ala, 1)
+    for i in clients:
+        received, init = with_ala.server_message(i), with_ala.store.get(i, "model")
+        assert all(torch.equal(plain.store.get(i, "model")[k], v) for k, v in received.items())
+        assert not all(torch.equal(init[k], v) for k, v in received.items()), i
+    # Round 2 from ALA's initialisations: training, upload and aggregation are the same with or without ALA.
+    starts = {i: with_ala.store.get(i, "model") for i in clients}
+    uploads = [train_and_aggregate(method, 2, starts) for method in (plain, with_ala)]
+    for i in clients:
+        assert all(torch.equal(uploads[1][i][k], v) for k, v in uploads[0][i].items())
+    assert all(torch.equal(with_ala.global_params[k], v) for k, v in plain.global_params.items())

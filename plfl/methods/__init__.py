@@ -44,6 +44,14 @@ METHODS: dict[str, MethodEntry] = {
                           "Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware init, steps and aggregation"),
     "perfedavg": MethodEntry(schemas.PerFedAvgConfig, "plfl.methods.perfedavg:PerFedAvg",
                              "Per-FedAvg (Fallah et al., NeurIPS 2020): FedAvg of MAML steps, one-step adapted"),
+    "fedprox": MethodEntry(schemas.FedProxConfig, "plfl.methods.fedprox:FedProx",
+                           "FedProx (Li et al., MLSys 2020): FedAvg with a proximal term mu/2 |w - w_global|^2"),
+    "fedavg_c": MethodEntry(schemas.FedAvgCConfig, "plfl.methods.fedavg_c:FedAvgC",
+                            "FedAvg-C (FedALA paper, AAAI 2023): FedAvg, global model fine-tuned locally as init"),
+    "fedprox_c": MethodEntry(schemas.FedProxCConfig, "plfl.methods.fedavg_c:FedProxC",
+                             "FedProx-C (FedALA paper, AAAI 2023): FedProx, global model fine-tuned locally as init"),
+    "fedavg_e": MethodEntry(schemas.FedAvgEConfig, "plfl.methods.fedavg_e:FedAvgE",
+                            "FedAvg-e (Self-FL paper, NeurIPS 2022): FedAvg with equal client weights"),
 }
 
 

@@ -141,3 +141,43 @@ class PerFedAvgConfig(MethodConfig):
     beta: Optional[float] = checked(None, lambda v: v is None or v > 0, "null or a number > 0",
                                     "β: step size of the meta update; null: federation.lr, as PFLlib "
                                     "(clientperavg.py sets beta to the local learning rate)")
+def proximal_mu() -> float:
+    """FedProx's μ as a config field (one definition for fedprox and fedprox_c)."""
+    return checked(0.01, lambda v: v >= 0, "a number >= 0",
+                   "μ: weight of the proximal term μ/2‖w − w^t‖² (Eq. 2); 0.01 as in issue 14's PFLlib runs "
+                   "(PFLlib's argparse default is 0, i.e. FedAvg); the FedProx code suggests tuning it in "
+                   "{0.001, 0.01, 0.1, 0.5, 1}")
+
+
+@dataclass
+class FedProxConfig(FedAvgConfig):
+    """FedProx's keys (Li et al., MLSys 2020); μ = 0 is FedAvg. Derived from FedAvgConfig, so
+    ``method.ala`` works here too (FedALA paper, Table 4)."""
+
+    name: str = "fedprox"
+    mu: float = proximal_mu()
+
+
+@dataclass
+class FedAvgCConfig(MethodConfig):
+    """FedAvg-C's keys (FedALA paper, Sec. 5). Its own local initialisation, so no ``method.ala``."""
+
+    name: str = "fedavg_c"
+    finetune_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1",
+                                   "epochs of fine-tuning the received global model on the client's training "
+                                   "data before evaluation and local training (the paper gives no value)")
+
+
+@dataclass
+class FedProxCConfig(FedAvgCConfig):
+    """FedProx-C's keys: FedAvg-C's fine-tuning and FedProx's μ."""
+
+    name: str = "fedprox_c"
+    mu: float = proximal_mu()
+
+
+@dataclass
+class FedAvgEConfig(FedAvgConfig):
+    """FedAvg-e's keys (Self-FL paper, Sec. 4): FedAvg's, ``method.ala`` included."""
+
+    name: str = "fedavg_e"

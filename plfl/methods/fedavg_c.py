@@ -1,0 +1,45 @@
+"""FedAvg-C and FedProx-C (FedALA paper: Zhang et al., AAAI 2023, arXiv:2212.01197, Sec. 5):
+FedAvg and FedProx that fine-tune the received global model locally as local initialisation.
+
+Sec. 5 describes the two baselines in one sentence: they "locally fine-tune the global model
+for local initialization at each iteration". Here, after every broadcast (round 0 included),
+each client's model is the received global model Θ^t trained on its own training split for
+``method.finetune_epochs`` epochs of plain SGD (``pre_local_init``, seed stream
+FINE_TUNING); that fine-tuned model is evaluated, and the next round's local training
+starts from it. FedAvg-C then trains as FedAvg does, FedProx-C with FedProx's proximal term
+μ/2 ‖w − Θ^t‖², anchored at the received Θ^t, not at the fine-tuned model. Both servers are
+FedAvg's. Choices the paper leaves open: the number of fine-tuning epochs (default 1) and
+that FedProx-C's fine-tuning has no proximal term (it adapts to the client's data only).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from plfl.methods.base import Method
+from plfl.methods.fedavg import FedAvg
+from plfl.methods.fedprox import FedProx
+from plfl.seeding import FINE_TUNING
+from plfl.state import Params
+
+
+class FineTunedInit(Method):
+    """Mixin: local initialisation by fine-tuning the received model for
+    ``config.finetune_epochs`` epochs on the client's training split (put it first in the bases)."""
+
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
+        """The received global model after ``finetune_epochs`` epochs on the client's data (Sec. 5)."""
+        return self.train_on_client(client_id, message, round_, FINE_TUNING,
+                                    epochs=self.config.finetune_epochs).params
+
+
+class FedAvgC(FineTunedInit, FedAvg):
+    """FedAvg whose clients start from (and are evaluated with) the fine-tuned global model."""
+
+    name = "fedavg_c"
+
+
+class FedProxC(FineTunedInit, FedProx):
+    """FedProx whose clients start from (and are evaluated with) the fine-tuned global model."""
+
+    name = "fedprox_c"

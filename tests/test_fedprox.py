@@ -1,0 +1,63 @@
+"""FedProx: the proximal term's gradient, its anchor (the received model), μ = 0 as FedAvg, its keys."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from plfl.checkpoint import load_latest_checkpoint
+from plfl.config import load_config
+from plfl.errors import ConfigError
+from plfl.experiment import run_experiment
+from plfl.methods.fedprox import FedProx
+from plfl.methods.schemas import FedProxConfig
+from test_federation import make_context
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_one_step_is_fedavgs_gradient_plus_mu_times_distance_to_the_received_model(tiny_federation):
+    context, model = make_context(tiny_federation)
+    context.local_trainer.batch_size = 100  # the whole split in one batch: one SGD step per epoch
+    received = {k: v.clone() for k, v in model.state_dict().items()}
+    method = FedProx(FedProxConfig(mu=0.5), context, received)
+    # Start away from the received model (as ALA's initialisation does), so that w − w^t ≠ 0.
+    g = torch.Generator().manual_seed(3)
+    start = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in received.items()}
+    client, lr = tiny_federation.clients[1], context.local_trainer.module.lr
+    trained = method.local_train(1, start, round_=1).params
+
+    # Independently: autograd of the mean cross-entropy of the whole split at `start`.
+    leaves = {n: start[n].clone().requires_grad_() for n, _ in model.named_parameters()}
+    loss = F.cross_entropy(functional_call(model, leaves, (client.x_train,)), client.y_train)
+    for name, grad in zip(leaves, torch.autograd.grad(loss, list(leaves.values()))):
+        step = (start[name] - trained[name]) / lr  # the gradient SGD applied
+        torch.testing.assert_close(step, grad + 0.5 * (start[name] - received[name]), atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(step, grad, atol=1e-3), name  # the proximal part is there
+
+
+def metrics_and_global_model(run_dir):
+    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    columns = [header.index(c) for c in ("round", "accuracy", "test_loss", "train_loss")]
+    final = load_latest_checkpoint(run_dir / "checkpoints")[1]["method"]["global_params"]
+    return [[row[c] for c in columns] for row in rows], final
+
+
+def test_zero_mu_is_fedavg_bit_for_bit(digits_config):
+    rounds = {"federation.rounds": 2}
+    fedavg = metrics_and_global_model(run_experiment(digits_config(**{"method.name": "fedavg"}, **rounds))[0])
+    zero = metrics_and_global_model(
+        run_experiment(digits_config(**{"method.name": "fedprox", "method.mu": 0}, **rounds))[0])
+    prox = metrics_and_global_model(
+        run_experiment(digits_config(**{"method.name": "fedprox", "method.mu": 1}, **rounds))[0])
+    assert zero[0] == fedavg[0] and len(zero[0]) == 3  # rounds 0, 1, 2
+    assert all(torch.equal(zero[1][k], v) for k, v in fedavg[1].items())
+    assert prox[0][1:] != fedavg[0][1:]  # μ = 1 trains differently from round 1 on
+    assert not torch.equal(prox[1]["head.weight"], fedavg[1]["head.weight"])
+
+
+def test_negative_mu_is_refused_by_the_config():
+    with pytest.raises(ConfigError, match=r"Config key 'method.mu' must be a number >= 0; got -0.1."):
+        load_config(ROOT / "configs" / "fedprox.yaml", ["method.mu=-0.1"])
