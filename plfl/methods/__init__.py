@@ -42,6 +42,10 @@ METHODS: dict[str, MethodEntry] = {
                               "HeurpFedLA (Ma et al., CVPR 2022): pFedLA keeping k layers local"),
     "selffl": MethodEntry(schemas.SelfFLConfig, "plfl.methods.selffl:SelfFL",
                           "Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware init, steps and aggregation"),
+    "ditto": MethodEntry(schemas.DittoConfig, "plfl.methods.ditto:Ditto",
+                         "Ditto (Li et al., ICML 2021): FedAvg plus a personal model kept near the global one"),
+    "pfedme": MethodEntry(schemas.PFedMeConfig, "plfl.methods.pfedme:PFedMe",
+                          "pFedMe (Dinh et al., NeurIPS 2020): personalized models from Moreau envelopes"),
 }
 
 
