@@ -42,7 +42,8 @@ def test_personal_step_adds_lambda_pull_and_upload_is_fedavgs_global_copy(tiny_f
         loss = F.cross_entropy(functional_call(context.model, expected, (x,)), y)
         grads = torch.autograd.grad(loss, list(expected.values()))
         with torch.no_grad():
-            expected = {k: (t - lr * (g + lam * (t - w[k]))).requires_grad_() for (k, t), g in zip(expected.items(), grads)}
+            expected = {k: (t - lr * (g + lam * (t - w[k]))).requires_grad_()
+                        for (k, t), g in zip(expected.items(), grads)}
     for key, value in expected.items():
         torch.testing.assert_close(result.params[key], value.detach())
 

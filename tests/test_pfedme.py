@@ -1,21 +1,24 @@
 """pFedMe: the K inner steps and the local step by hand, the client loop against an independent one,
-the server's β mix, and an end-to-end run."""
+the server's β mix, BatchNorm statistics, momentum refused, and an end-to-end run."""
 
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.func import functional_call, grad_and_value
 
-from plfl.client import batch_loader
-from plfl.config import load_config
+from plfl.client import ClientModule, LocalTrainer, batch_loader, build_trainer
+from plfl.config import FederationConfig, load_config
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
+from plfl.methods.base import FederationContext
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.pfedme import PFedMe, beta_mix, inner_solution, local_update
 from plfl.methods.schemas import FedAvgConfig, PFedMeConfig
 from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.state import ClientStateStore
 from test_federation import make_context
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,8 +74,8 @@ def test_client_loop_matches_an_independent_one(tiny_federation):
 
 
 def test_server_mixes_by_beta_and_beta_one_is_fedavgs_average(tiny_federation):
-    previous, average = {"w": torch.tensor([1.0, 4.0]), "n": torch.tensor(2)}, {"w": torch.tensor([3.0, 0.0]),
-                                                                               "n": torch.tensor(5)}
+    previous = {"w": torch.tensor([1.0, 4.0]), "n": torch.tensor(2)}
+    average = {"w": torch.tensor([3.0, 0.0]), "n": torch.tensor(5)}
     mixed = beta_mix(previous, average, 0.5)
     assert torch.equal(mixed["w"], torch.tensor([2.0, 2.0])) and mixed["n"].item() == 5
     assert torch.equal(beta_mix(previous, average, 2.0)["w"], torch.tensor([5.0, -4.0]))  # β > 1 extrapolates
@@ -83,6 +86,19 @@ def test_server_mixes_by_beta_and_beta_one_is_fedavgs_average(tiny_federation):
     pfedme.aggregate(messages, round_=1)
     fedavg.aggregate(messages, round_=1)
     assert all(torch.equal(pfedme.global_params[key], t) for key, t in fedavg.global_params.items())
+
+
+def test_batchnorm_statistics_stay_with_the_client_and_keys_keep_their_order(tiny_federation):
+    model = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Linear(4, 3))
+    trainer = LocalTrainer(ClientModule(model, 3, lr=0.1), build_trainer("cpu", 1, "32-true"), 5)
+    context = FederationContext(tiny_federation, ClientStateStore(4), model, trainer, FederationConfig(batch_size=5))
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    method = PFedMe(PFedMeConfig(), context, {k: v.clone() for k, v in initial.items()})
+    result = method.local_train(2, initial, round_=1)
+    assert all(torch.equal(method.global_params[k], v) for k, v in initial.items())  # Θ's statistics untouched
+    assert list(result.params) == list(result.upload) == list(initial)
+    assert not torch.equal(result.params["1.running_mean"], initial["1.running_mean"])
+    assert result.params["1.num_batches_tracked"].item() == 6 * 5  # 6 batches × K = 5 inner steps
 
 
 def test_momentum_is_refused_with_the_fix(tiny_federation):

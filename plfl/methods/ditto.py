@@ -1,4 +1,4 @@
-"""Ditto (Li, Hu, Beirami and Smith, ICML 2021, arXiv:2012.04221): FedAvg plus a personal model kept near the global one.
+"""Ditto (Li, Hu, Beirami and Smith, ICML 2021, arXiv:2012.04221): FedAvg plus personal models near the global one.
 
 Client i solves min_v F_i(v) + λ/2 ‖v − w*‖², w* the global model that FedAvg learns (Eq. 2).
 Per round (Alg. 1), a sampled client with the received global model w:

@@ -5,9 +5,9 @@ the minimiser θ̂_i(w) is its personalized model. Alg. 1, per round, a sampled 
 starts its local w and θ from the received global Θ and, per mini-batch D of
 ``federation.local_epochs`` epochs (``local_train``):
 
-- θ ≈ argmin_θ f_i(θ; D) + λ/2 ‖θ − w‖² by K gradient steps θ ← θ − lr_p (∇f_i(θ; D) + λ (θ − w))
-  (``inner_solution``; K = ``method.k``, lr_p = ``method.personal_lr``), warm-started from the
-  previous batch's θ;
+- θ ≈ argmin_θ f_i(θ; D) + λ/2 ‖θ − w‖² by K gradient steps
+  θ ← θ − lr_p (∇f_i(θ; D) + λ (θ − w)) (``inner_solution``; K = ``method.k``,
+  lr_p = ``method.personal_lr``), warm-started from the previous batch's θ;
 - w ← w − η λ (w − θ) (``local_update``; η = ``federation.lr``); w is uploaded.
 
 Server (``aggregate``): Θ ← (1 − β) Θ + β Θ̄, Θ̄ the uploads' mean (``beta_mix``; β = ``method.beta``).
@@ -109,8 +109,8 @@ class PFedMe(FedAvg):
                                              cfg.lam, cfg.personal_lr, cfg.k)
                 w = local_update(w, theta, cfg.lam, federation.lr)
                 loss_sum, seen = loss_sum + loss * len(y), seen + len(y)
-        in_order = lambda new: {k: new.get(k, v) for k, v in received.items()}  # noqa: E731  state_dict order
-        return TrainResult(in_order(theta), loss_sum / seen, seen, upload=in_order(w))
+        state = lambda new: {k: new[k] if k in new else buffers[k] for k in received}  # noqa: E731  in order
+        return TrainResult(state(theta), loss_sum / seen, seen, upload=state(w))
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         previous = self.global_params
