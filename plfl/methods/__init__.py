@@ -52,6 +52,10 @@ METHODS: dict[str, MethodEntry] = {
                              "FedProx-C (FedALA paper, AAAI 2023): FedProx, global model fine-tuned locally as init"),
     "fedavg_e": MethodEntry(schemas.FedAvgEConfig, "plfl.methods.fedavg_e:FedAvgE",
                             "FedAvg-e (Self-FL paper, NeurIPS 2022): FedAvg with equal client weights"),
+    "ditto": MethodEntry(schemas.DittoConfig, "plfl.methods.ditto:Ditto",
+                         "Ditto (Li et al., ICML 2021): FedAvg plus a personal model kept near the global one"),
+    "pfedme": MethodEntry(schemas.PFedMeConfig, "plfl.methods.pfedme:PFedMe",
+                          "pFedMe (Dinh et al., NeurIPS 2020): personalized models from Moreau envelopes"),
 }
 
 

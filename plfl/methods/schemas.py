@@ -181,3 +181,31 @@ class FedAvgEConfig(FedAvgConfig):
     """FedAvg-e's keys (Self-FL paper, Sec. 4): FedAvg's, ``method.ala`` included."""
 
     name: str = "fedavg_e"
+class DittoConfig(MethodConfig):
+    """Ditto's keys (Li et al., ICML 2021, Eq. 2, Alg. 1); the global copy trains for
+    ``federation.local_epochs``. The kept personal model is Ditto's local initialisation, so
+    there is no ``method.ala``."""
+
+    name: str = "ditto"
+    lam: float = checked(1.0, lambda v: v >= 0, "a number >= 0",
+                         "λ: weight of λ/2‖v − w‖², the personal model's pull to the global one (Eq. 2); "
+                         "1 as in the authors' scripts (PFLlib's shared -mu default 0 makes v a local model)")
+    personal_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1",
+                                   "epochs of the personal model per round (PFLlib's plocal_epochs, 1)")
+
+
+@dataclass
+class PFedMeConfig(MethodConfig):
+    """pFedMe's keys (Dinh et al., NeurIPS 2020, Alg. 1); η of the local update is ``federation.lr``.
+    The kept personalized model is pFedMe's local initialisation, so there is no ``method.ala``."""
+
+    name: str = "pfedme"
+    lam: float = checked(1.0, lambda v: v > 0, "a number > 0",
+                         "λ: weight of λ/2‖θ − w‖² in the Moreau envelope (PFLlib's lamda, 1.0)")
+    k: int = checked(5, lambda v: v >= 1, "an integer >= 1",
+                     "K: gradient steps on each mini-batch's inner problem (PFLlib's K, 5)")
+    personal_lr: float = checked(0.01, lambda v: v > 0, "a number > 0",
+                                 "step size of the K inner steps (PFLlib's p_learning_rate, 0.01)")
+    beta: float = checked(1.0, lambda v: v > 0, "a number > 0",
+                          "β: the server moves Θ ← (1 − β) Θ + β · mean of the uploads; 1 = FedAvg's average "
+                          "(PFLlib's shared -bt default 0 would never move Θ)")

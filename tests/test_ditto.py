@@ -1,0 +1,94 @@
+"""Ditto: the personal step's pull λ(v − w), the uploaded global copy, what is evaluated, its keys."""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from plfl.checkpoint import load_latest_checkpoint
+from plfl.client import batch_loader
+from plfl.config import load_config
+from plfl.errors import ConfigError
+from plfl.experiment import run_experiment
+from plfl.methods.base import nbytes
+from plfl.methods.ditto import Ditto
+from plfl.methods.schemas import DittoConfig
+from plfl.seeding import LOCAL_TRAINING, PERSONAL_TRAINING, derive_seed
+from test_federation import make_context
+from test_pfedla import run_loop
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "ditto.yaml"
+
+
+def make_method(data, **keys):
+    context, model = make_context(data, rounds=1)  # lr 0.1, batch 5
+    return Ditto(DittoConfig(**keys), context, {k: v.clone() for k, v in model.state_dict().items()}), context
+
+
+def test_personal_step_adds_lambda_pull_and_upload_is_fedavgs_global_copy(tiny_federation):
+    lam, lr, client = 0.5, 0.1, 1  # client 1: 20 samples, 4 batches of 5
+    method, context = make_method(tiny_federation, lam=lam)
+    w = method.global_params
+    v = {k: t + 0.3 * torch.randn(t.shape, generator=torch.Generator().manual_seed(1)) for k, t in w.items()}
+    result = method.local_train(client, v, round_=2)
+
+    # Independent SGD on CE(v) + λ/2‖v − w‖²: v ← v − lr (∇CE(v) + λ (v − w)), same batch order.
+    data = tiny_federation.clients[client]
+    expected = {k: t.clone().requires_grad_() for k, t in v.items()}
+    for x, y in batch_loader(data.x_train, data.y_train, 5, derive_seed(0, 2, client, PERSONAL_TRAINING)):
+        loss = F.cross_entropy(functional_call(context.model, expected, (x,)), y)
+        grads = torch.autograd.grad(loss, list(expected.values()))
+        with torch.no_grad():
+            expected = {k: (t - lr * (g + lam * (t - w[k]))).requires_grad_()
+                        for (k, t), g in zip(expected.items(), grads)}
+    for key, value in expected.items():
+        torch.testing.assert_close(result.params[key], value.detach())
+
+    # The upload is FedAvg's local training from w (the received global), bit for bit.
+    fedavg = context.local_trainer.train(w, data.x_train, data.y_train, seed=derive_seed(0, 2, client, LOCAL_TRAINING),
+                                         epochs=1)
+    assert all(torch.equal(result.upload[k], t) for k, t in fedavg.params.items())
+    assert method.client_message(client, result) is result.upload
+    assert result.samples_seen == 2 * data.num_train  # one personal and one global epoch
+
+
+def test_personal_model_is_what_each_client_evaluates(tiny_federation):
+    method, context = make_method(tiny_federation)
+    loop = run_loop(method, context)
+    last = loop.history[-1]
+    assert last.metrics["bytes_received"] == 4 * nbytes(method.global_params)  # one model per client
+    for row in last.clients:
+        personal = context.store.get(row["client"], "model")
+        assert not torch.equal(personal["head.weight"], method.global_params["head.weight"])
+        data = tiny_federation.clients[row["client"]]
+        assert context.local_trainer.evaluate(personal, data.x_test, data.y_test).correct == row["correct"]
+
+
+def test_global_model_is_fedavgs_bit_for_bit(digits_config):
+    fedavg, _ = run_experiment(digits_config(**{"method.name": "fedavg"}))
+    ditto, summary = run_experiment(digits_config(**{"method.name": "ditto"}))
+    expected = load_latest_checkpoint(fedavg / "checkpoints")[1]["method"]["global_params"]
+    got = load_latest_checkpoint(ditto / "checkpoints")[1]["method"]["global_params"]
+    assert all(torch.equal(got[k], v) for k, v in expected.items())
+    header, *rows = [line.split(",") for line in (ditto / "metrics.csv").read_text().splitlines()]
+    last = dict(zip(header, rows[-1]))
+    assert float(last["accuracy"]) > 0.3  # 10 classes: chance is 0.1 (measured 0.50 personal, 0.26 global)
+    assert float(last["accuracy"]) != float(last["global_accuracy"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("method.lam=-1", "Config key 'method.lam' must be a number >= 0; got -1.0."),
+    ("method.personal_epochs=0", "Config key 'method.personal_epochs' must be an integer >= 1; got 0."),
+])
+def test_bad_keys_are_refused_by_the_config(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIG, [override])
+    assert message in str(info.value)
+
+
+def test_config_is_fedalas_mnist_federation():
+    cfg, fedavg = load_config(CONFIG, []), load_config(ROOT / "configs" / "fedavg.yaml", [])
+    assert cfg.data == fedavg.data and cfg.federation == fedavg.federation and cfg.method.name == "ditto"
