@@ -42,6 +42,12 @@ METHODS: dict[str, MethodEntry] = {
                               "HeurpFedLA (Ma et al., CVPR 2022): pFedLA keeping k layers local"),
     "selffl": MethodEntry(schemas.SelfFLConfig, "plfl.methods.selffl:SelfFL",
                           "Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware init, steps and aggregation"),
+    "fedrep": MethodEntry(schemas.FedRepConfig, "plfl.methods.fedrep:FedRep",
+                          "FedRep (Collins et al., ICML 2021): shared body, personal heads trained first"),
+    "lgfedavg": MethodEntry(schemas.LGFedAvgConfig, "plfl.methods.lgfedavg:LGFedAvg",
+                            "LG-FedAvg (Liang et al., 2020): local bodies, averaged head"),
+    "fedbn": MethodEntry(schemas.FedBNConfig, "plfl.methods.fedbn:FedBN",
+                         "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local"),
 }
 
 

@@ -124,3 +124,25 @@ class SelfFLConfig(MethodConfig):
                                  "rounds of plain FedAvg before Self-FL's rules")
     eps: float = checked(1e-10, lambda v: v > 0, "a number > 0",
                          "floor of σ_m² and σ_0², so that the precisions stay finite")
+
+
+@dataclass
+class FedRepConfig(MethodConfig):
+    """FedRep's keys; τ_φ (the body epochs) is ``federation.local_epochs``."""
+
+    name: str = "fedrep"
+    head_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1",
+                               "τ_h: epochs of head-only training, body frozen, before the body epochs "
+                               "(PFLlib's plocal_epochs default; the paper used 10)")
+
+
+@dataclass
+class LGFedAvgConfig(MethodConfig):
+    name: str = "lgfedavg"
+
+
+@dataclass
+class FedBNConfig(MethodConfig):
+    """FedBN has no keys of its own; it needs a model with BatchNorm layers (``model.batch_norm``)."""
+
+    name: str = "fedbn"
