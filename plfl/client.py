@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 import torchmetrics
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from plfl.seeding import SHUFFLING, derive_seed
@@ -53,7 +54,8 @@ def _as_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, t
 
 
 class EpochShuffle(Sampler[int]):
-    """Indices 0..n-1 in a new order each local epoch: epoch k's order is a permutation drawn from (seed, k).
+    """Indices 0..n-1 in a new order each local epoch: epoch k's order is a permutation drawn from (seed, k);
+    the first ``size`` of them (default n).
 
     Lightning numbers epochs across all fits of a Trainer and tells samplers
     the epoch with ``set_epoch``; k counts from ``first_epoch``, the Trainer's
@@ -64,26 +66,28 @@ class EpochShuffle(Sampler[int]):
     resumed run would differ from an uninterrupted one).
     """
 
-    def __init__(self, n: int, seed: int, first_epoch: int):
+    def __init__(self, n: int, seed: int, first_epoch: int, size: Optional[int] = None):
         self.n, self.seed, self.first_epoch = n, seed, first_epoch
+        self.size = n if size is None else size
         self.epoch = first_epoch
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.n
+        return self.size
 
     def __iter__(self) -> Iterator[int]:
         local_epoch = self.epoch - self.first_epoch
         generator = torch.Generator().manual_seed(derive_seed(self.seed, local_epoch, 0, SHUFFLING))
-        yield from torch.randperm(self.n, generator=generator).tolist()
+        yield from torch.randperm(self.n, generator=generator)[: self.size].tolist()
 
 
 def batch_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: Optional[int] = None,
-                 first_epoch: int = 0) -> DataLoader:
-    """Mini-batches of ``(x, y)``, reshuffled each epoch from ``seed`` (:class:`EpochShuffle`; None: in order)."""
-    sampler = None if seed is None else EpochShuffle(len(y), seed, first_epoch)
+                 first_epoch: int = 0, size: Optional[int] = None) -> DataLoader:
+    """Mini-batches of ``(x, y)``, reshuffled each epoch from ``seed`` (:class:`EpochShuffle`; None: in order);
+    with a seed, ``size`` samples of each epoch's order (default all)."""
+    sampler = None if seed is None else EpochShuffle(len(y), seed, first_epoch, size)
     return DataLoader(TensorBatches(x, y), batch_size=batch_size, sampler=sampler, collate_fn=_as_batch)
 
 
@@ -170,7 +174,7 @@ class TrainResult:
 
     params: Params  # trained state (CPU tensors): the client's model from now on
     loss: float  # sample-weighted mean cross-entropy over the steps taken (no proximal term)
-    samples_seen: int  # training samples processed (epochs × n, or steps × batch)
+    samples_seen: int  # training samples processed (epochs × n, or steps × batch; see LocalTrainer on BatchNorm)
     # What the client uploads when it is not ``params``, e.g. Ditto's trained copy of the global
     # model beside its personal model (Method.client_message).
     upload: Optional[Params] = None
@@ -195,12 +199,18 @@ class LocalTrainer:
     Lightning's fit loop keeps its progress between ``fit`` calls, so each call
     raises the epoch or step limit by exactly the amount of local training asked
     for; the test ``test_reused_trainer_trains_every_client`` guards this.
+
+    A model with BatchNorm layers cannot train on a batch of one sample (torch
+    raises: a batch statistic needs two values per channel), so when n mod
+    batch size = 1 each epoch leaves out its last shuffled sample, a different
+    one every epoch. PFLlib drops every incomplete last batch instead.
     """
 
     def __init__(self, module: ClientModule, trainer: L.Trainer, batch_size: int):
         self.module = module
         self.trainer = trainer
         self.batch_size = batch_size
+        self.batch_norm = any(isinstance(m, _BatchNorm) for m in module.model.modules())
 
     def train(
         self,
@@ -235,7 +245,9 @@ class LocalTrainer:
         loop = self.trainer.fit_loop
         loop.max_epochs = self.trainer.current_epoch + epochs if epochs else -1
         loop.epoch_loop.max_steps = self.trainer.global_step + steps if steps else -1
-        loader = batch_loader(x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch)
+        n = len(y)
+        size = n - 1 if self.batch_norm and n > 1 and n % self.batch_size == 1 else n
+        loader = batch_loader(x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch, size=size)
         self.module.proximal = proximal
         try:
             self.trainer.fit(self.module, train_dataloaders=loader)

@@ -97,6 +97,13 @@ class ModelConfig:
     name: str = one_of("mlp", ("cnn", "mlp", "resnet18"))
     # MLP only: widths of the hidden layers.
     hidden_sizes: list[int] = field(default_factory=lambda: [200])
+    # CNN and MLP: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them.
+    batch_norm: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_norm and self.name == "resnet18":
+            raise ConfigError("model.batch_norm=true applies to model.name=cnn and mlp; resnet18 always has "
+                              "BatchNorm layers. Remove model.batch_norm.")
 
 
 @dataclass

@@ -1,8 +1,11 @@
-"""Models: FedAvg's CNN dimensions, body/head split, and input-shape errors."""
+"""Models: FedAvg's CNN dimensions, body/head split, input-shape errors, and the BatchNorm option."""
 
 import pytest
 import torch
+from torch import nn
 
+from plfl.client import ClientModule, EpochShuffle, LocalTrainer, build_trainer
+from plfl.config import load_config
 from plfl.errors import ConfigError
 from plfl.models import build_model
 
@@ -28,3 +31,41 @@ def test_resnet18_and_mlp_expose_body_and_head():
 def test_cnn_on_too_small_images_says_what_to_use():
     with pytest.raises(ConfigError, match="needs images of at least 16×16 pixels; the data are 8×8. Use model.name=mlp"):
         build_model("cnn", (1, 8, 8), 10, [])
+
+
+@pytest.mark.parametrize("name, shape, norms", [
+    ("cnn", (1, 28, 28), [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d]),
+    ("mlp", (1, 8, 8), [nn.BatchNorm1d, nn.BatchNorm1d]),
+])
+def test_batch_norm_option_puts_a_batch_norm_before_every_relu(name, shape, norms):
+    plain = list(build_model(name, shape, 10, [32, 16]).body)
+    body = list(build_model(name, shape, 10, [32, 16], batch_norm=True).body)
+    assert [type(m) for m in body if not isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))] == list(map(type, plain))
+    found = [(type(body[i]), body[i - 1], body[i + 1]) for i, m in enumerate(body)
+             if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))]
+    assert [t for t, _, _ in found] == norms and len(found) == sum(isinstance(m, nn.ReLU) for m in body)
+    for _, before, after in found:
+        assert isinstance(after, nn.ReLU) and isinstance(before, (nn.Conv2d, nn.Linear))
+
+
+def test_batch_norm_with_resnet18_is_refused(tmp_path):
+    (tmp_path / "run.yaml").write_text("model: {name: resnet18}\n")
+    with pytest.raises(ConfigError, match="resnet18 always has BatchNorm layers. Remove model.batch_norm"):
+        load_config(tmp_path / "run.yaml", ["model.batch_norm=true"])
+
+
+def test_a_last_batch_of_one_sample_is_left_out_with_batch_norm(tiny_federation):
+    client = tiny_federation.clients[0]
+    x, y = client.x_train[:6], client.y_train[:6]  # batches of 5 and 1
+    model = build_model("mlp", (8,), 3, [4], batch_norm=True)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        model.train()(x[:1])  # why: BatchNorm cannot normalise one sample in training
+    trainer = LocalTrainer(ClientModule(model, 3, lr=0.1), build_trainer("cpu", 1, "32-true"), 5)
+    result = trainer.train({k: v.clone() for k, v in model.state_dict().items()}, x, y, seed=0, epochs=3)
+    assert result.samples_seen == 3 * 5
+    left_out = []
+    for epoch in range(8):
+        shuffle = EpochShuffle(6, seed=0, first_epoch=0, size=5)
+        shuffle.set_epoch(epoch)
+        left_out.append(({*range(6)} - set(shuffle)).pop())
+    assert len(set(left_out)) > 1  # a different sample in different epochs

@@ -93,7 +93,8 @@ def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, cor
     assert results(run_dir) == results(run_dir_of(full))
 
 
-EXTRA_OPTIONS = {"fedala": {"method.p": 2}, "selffl": {"method.warmup_rounds": 1, "method.l_max": 5}}
+EXTRA_OPTIONS = {"fedala": {"method.p": 2}, "selffl": {"method.warmup_rounds": 1, "method.l_max": 5},
+                 "fedbn": {"model.batch_norm": True}}
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

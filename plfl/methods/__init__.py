@@ -56,6 +56,12 @@ METHODS: dict[str, MethodEntry] = {
                          "Ditto (Li et al., ICML 2021): FedAvg plus a personal model kept near the global one"),
     "pfedme": MethodEntry(schemas.PFedMeConfig, "plfl.methods.pfedme:PFedMe",
                           "pFedMe (Dinh et al., NeurIPS 2020): personalized models from Moreau envelopes"),
+    "fedrep": MethodEntry(schemas.FedRepConfig, "plfl.methods.fedrep:FedRep",
+                          "FedRep (Collins et al., ICML 2021): shared body, personal heads trained first"),
+    "lgfedavg": MethodEntry(schemas.LGFedAvgConfig, "plfl.methods.lgfedavg:LGFedAvg",
+                            "LG-FedAvg (Liang et al., 2020): local bodies, averaged head"),
+    "fedbn": MethodEntry(schemas.FedBNConfig, "plfl.methods.fedbn:FedBN",
+                         "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local"),
 }
 
 

@@ -209,3 +209,22 @@ class PFedMeConfig(MethodConfig):
     beta: float = checked(1.0, lambda v: v > 0, "a number > 0",
                           "β: the server moves Θ ← (1 − β) Θ + β · mean of the uploads; 1 = FedAvg's average "
                           "(PFLlib's shared -bt default 0 would never move Θ)")
+class FedRepConfig(MethodConfig):
+    """FedRep's keys; τ_φ (the body epochs) is ``federation.local_epochs``."""
+
+    name: str = "fedrep"
+    head_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1",
+                               "τ_h: epochs of head-only training, body frozen, before the body epochs "
+                               "(PFLlib's plocal_epochs default; the paper used 10)")
+
+
+@dataclass
+class LGFedAvgConfig(MethodConfig):
+    name: str = "lgfedavg"
+
+
+@dataclass
+class FedBNConfig(MethodConfig):
+    """FedBN has no keys of its own; it needs a model with BatchNorm layers (``model.batch_norm``)."""
+
+    name: str = "fedbn"

@@ -3,7 +3,9 @@
 Every model is a :class:`BodyHeadModel`: ``body`` maps an input batch to a
 feature vector, ``head`` is the last classifier layer. Models take their
 input shape and class count from the data, so switching data sets needs no
-model change.
+model change. ``batch_norm`` (``model.batch_norm``) puts a BatchNorm layer
+before every ReLU of the CNN and the MLP, as FedBN's models have them (Li et
+al., ICLR 2021, arXiv:2102.07623, App.: conv → BN → ReLU, fc → BN → ReLU).
 """
 
 from __future__ import annotations
@@ -29,11 +31,20 @@ class BodyHeadModel(nn.Module):
         return self.head(self.body(x))
 
 
-def cnn(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
+def normalized_relu(layer: nn.Module, width: int, batch_norm: bool) -> list[nn.Module]:
+    """``layer → ReLU``, or ``layer → BatchNorm → ReLU`` (BatchNorm2d after a convolution, else 1d)."""
+    if not batch_norm:
+        return [layer, nn.ReLU(inplace=True)]
+    norm = nn.BatchNorm2d(width) if isinstance(layer, nn.Conv2d) else nn.BatchNorm1d(width)
+    return [layer, norm, nn.ReLU(inplace=True)]
+
+
+def cnn(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = False) -> BodyHeadModel:
     """The 4-layer CNN of FedAvg (McMahan et al., 2017) as used by PFLlib and FedALA.
 
-    conv5×5(32) → ReLU → maxpool2 → conv5×5(64) → ReLU → maxpool2 → fc 512 → ReLU → fc classes.
-    The flattened dimension is 1024 on 28×28 inputs and 1600 on 32×32.
+    conv5×5(32) → ReLU → maxpool2 → conv5×5(64) → ReLU → maxpool2 → fc 512 → ReLU → fc classes,
+    with ``batch_norm`` a BatchNorm before each ReLU. The flattened dimension is 1024 on 28×28
+    inputs and 1600 on 32×32.
     """
     channels, height, width = _image_shape(input_shape, "cnn")
     conv_out = lambda s: ((s - 4) // 2 - 4) // 2  # noqa: E731  two (valid conv5, pool2) stages
@@ -43,22 +54,24 @@ def cnn(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
             "Use model.name=mlp for small inputs such as digits."
         )
     body = nn.Sequential(
-        nn.Conv2d(channels, 32, kernel_size=5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, kernel_size=5), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+        *normalized_relu(nn.Conv2d(channels, 32, kernel_size=5), 32, batch_norm), nn.MaxPool2d(2),
+        *normalized_relu(nn.Conv2d(32, 64, kernel_size=5), 64, batch_norm), nn.MaxPool2d(2),
         nn.Flatten(),
-        nn.Linear(64 * conv_out(height) * conv_out(width), 512), nn.ReLU(inplace=True),
+        *normalized_relu(nn.Linear(64 * conv_out(height) * conv_out(width), 512), 512, batch_norm),
     )
     return BodyHeadModel(body, nn.Linear(512, num_classes))
 
 
-def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> BodyHeadModel:
-    """Fully connected network: flatten → [Linear → ReLU] per hidden size → Linear classes."""
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int],
+        batch_norm: bool = False) -> BodyHeadModel:
+    """Fully connected network: flatten → [Linear → (BatchNorm1d if ``batch_norm``) → ReLU] per
+    hidden size → Linear classes."""
     if not hidden_sizes:
         raise ConfigError("model.hidden_sizes must list at least one hidden layer width for model.name=mlp.")
     layers: list[nn.Module] = [nn.Flatten()]
     width = math.prod(input_shape)
     for hidden in hidden_sizes:
-        layers += [nn.Linear(width, hidden), nn.ReLU(inplace=True)]
+        layers += normalized_relu(nn.Linear(width, hidden), hidden, batch_norm)
         width = hidden
     return BodyHeadModel(nn.Sequential(*layers), nn.Linear(width, num_classes))
 
@@ -74,16 +87,19 @@ def resnet(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
     return BodyHeadModel(net, head)
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int]) -> BodyHeadModel:
-    """Build ``model.name`` for inputs of ``input_shape`` (no batch dim) and ``num_classes`` classes.
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int],
+                batch_norm: bool = False) -> BodyHeadModel:
+    """Build ``model.name`` for inputs of ``input_shape`` (no batch dim) and ``num_classes`` classes;
+    ``batch_norm``: BatchNorm layers in the CNN and the MLP (ResNet-18 always has them, and
+    ``ModelConfig`` refuses ``model.batch_norm`` with it).
 
     Raises:
         ConfigError: unknown name, or inputs the network cannot take.
     """
     if name == "cnn":
-        return cnn(input_shape, num_classes)
+        return cnn(input_shape, num_classes, batch_norm)
     if name == "mlp":
-        return mlp(input_shape, num_classes, list(hidden_sizes))
+        return mlp(input_shape, num_classes, list(hidden_sizes), batch_norm)
     if name == "resnet18":
         return resnet(input_shape, num_classes)
     raise ConfigError(f"Unknown model.name {name!r}; valid names: cnn, mlp, resnet18.")

@@ -1,0 +1,58 @@
+"""FedRep (Collins et al., ICML 2021, arXiv:2102.07078): a shared representation, a personal head per client.
+
+The model is a body φ (the representation, ``body.*``) and a head h_i (the last classifier
+layer, ``head.*``); the head never leaves client i. Round t (Alg. 1), on a sampled client,
+starting from the received φ^t and its own head h_i (``local_train``):
+
+    h_i ← τ_h epochs of SGD on L_i(h, φ^t) over h alone, φ^t frozen     (``method.head_epochs``)
+    φ_i ← τ_φ epochs of SGD on L_i(h_i, φ) over φ alone, h_i frozen     (``federation.local_epochs``)
+
+The client uploads φ_i; the server sets φ^{t+1} to the sampled clients' mean of φ_i
+(``aggregate``, FedAvg's) and sends it to every client, which puts it under its own head
+(``pre_local_init``; before its first round, the initial head). The personalized model
+φ^{t+1} + h_i is what is evaluated.
+
+Departures: the server's mean is weighted by the clients' training samples, as PFLlib's
+serverrep.py (Alg. 1 averages unweighted); τ_h defaults to PFLlib's ``plocal_epochs`` = 1
+(the paper's experiments use 10 head epochs). The head epochs draw their batches from the
+HEAD_TRAINING stream, the body epochs from LOCAL_TRAINING. BatchNorm running statistics in the
+body (``model.batch_norm``) still move during the head epochs, which run in training mode
+as PFLlib's do; the body's parameters do not.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from plfl.client import TrainResult
+from plfl.methods.base import FederationContext
+from plfl.methods.partial import PartialSharing, module_keys
+from plfl.methods.schemas import FedRepConfig
+from plfl.seeding import HEAD_TRAINING, LOCAL_TRAINING
+from plfl.state import Params
+
+
+class FedRep(PartialSharing):
+    """FedAvg on the body; each client keeps its head and trains head, then body (Alg. 1)."""
+
+    name = "fedrep"
+
+    def __init__(self, config: FedRepConfig, context: FederationContext, initial_params: Params):
+        super().__init__(config, context, initial_params)
+        parameters = {name for name, _ in context.model.named_parameters()}
+        self.head_parameters = parameters & self.local_keys
+        self.body_parameters = parameters - self.local_keys
+
+    def keep_local(self, model: nn.Module) -> frozenset[str]:
+        return module_keys(model, lambda name, _: name == "head")
+
+    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+        """τ_h head epochs with the body frozen, then τ_φ body epochs with the head frozen; the
+        reported loss is the sample-weighted mean over both."""
+        head = self.train_on_client(client_id, params, round_, HEAD_TRAINING,
+                                    epochs=self.config.head_epochs, trainable=self.head_parameters)
+        body = self.train_on_client(client_id, head.params, round_, LOCAL_TRAINING,
+                                    epochs=self.context.federation.local_epochs, trainable=self.body_parameters)
+        samples = head.samples_seen + body.samples_seen
+        loss = (head.loss * head.samples_seen + body.loss * body.samples_seen) / samples
+        return TrainResult(body.params, loss, samples)

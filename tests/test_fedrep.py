@@ -1,0 +1,71 @@
+"""FedRep: head epochs then body epochs, each freezing the other part; the head never leaves the client."""
+
+import torch
+
+from plfl.experiment import run_experiment
+from plfl.methods.fedrep import FedRep
+from plfl.methods.schemas import FedRepConfig
+from plfl.seeding import HEAD_TRAINING, LOCAL_TRAINING
+from test_federation import make_context
+
+
+def make_method(data, **keys):
+    context, model = make_context(data)
+    return FedRep(FedRepConfig(**keys), context, {k: v.clone() for k, v in model.state_dict().items()}), context
+
+
+def test_head_epochs_leave_body_bit_identical_and_body_epochs_leave_head_bit_identical(tiny_federation):
+    method, context = make_method(tiny_federation, head_epochs=2)
+    start = method.pre_local_init(1, method.server_message(1), round_=0)
+    calls = []  # (stream, starting params, result) of each training
+    train = method.train_on_client
+
+    def recorded(client_id, params, round_, stream, **options):
+        calls.append((stream, params, result := train(client_id, params, round_, stream, **options)))
+        return result
+
+    method.train_on_client = recorded
+    result = method.local_train(1, start, round_=1)
+    (head_stream, head_start, head), (body_stream, body_start, body) = calls
+    assert (head_stream, body_stream) == (HEAD_TRAINING, LOCAL_TRAINING)
+    assert head_start is start and body_start is head.params and result.params is body.params
+    for key, value in start.items():
+        in_head = key.startswith("head.")
+        assert torch.equal(head.params[key], value) != in_head, key  # only the head moved
+        assert torch.equal(body.params[key], head.params[key]) == in_head, key  # only the body moved
+    n = tiny_federation.clients[1].num_train
+    assert result.samples_seen == (2 + 1) * n
+    torch.testing.assert_close(result.loss, (2 * head.loss + body.loss) / 3)
+
+
+def test_client_keeps_its_head_and_takes_the_averaged_body(tiny_federation):
+    method, context = make_method(tiny_federation)
+    initial = {k: v.clone() for k, v in context.model.state_dict().items()}
+    for client_id in range(4):
+        context.store.set(client_id, "model", method.pre_local_init(client_id, method.server_message(client_id), 0))
+    own = {k: torch.full_like(v, 3.0 + (k.startswith("head.") * 4.0)) for k, v in initial.items()}
+    context.store.set(0, "model", own)
+    other = {k: torch.full_like(v, 5.0) for k, v in initial.items()}
+    method.aggregate({0: method.shared(own), 1: method.shared(other)}, round_=1)
+    n0, n1 = tiny_federation.clients[0].num_train, tiny_federation.clients[1].num_train  # 10, 20
+    assert set(method.server_message(0)) == {k for k in initial if k.startswith("body.")}
+    kept = method.pre_local_init(0, method.server_message(0), round_=1)
+    fresh = method.pre_local_init(3, method.server_message(3), round_=1)  # never trained: the initial head
+    for key in initial:
+        if key.startswith("head."):
+            assert torch.all(kept[key] == 7.0) and torch.equal(fresh[key], initial[key])
+        else:
+            assert torch.allclose(kept[key], torch.full_like(kept[key], (3 * n0 + 5 * n1) / (n0 + n1)))
+            assert torch.equal(fresh[key], kept[key])
+
+
+def test_head_bytes_are_never_sent_or_received(digits_config):
+    run_dir, summary = run_experiment(digits_config(**{"method.name": "fedrep", "federation.join_ratio": 0.4}))
+    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    last = dict(zip(header, rows[-1]))
+    # digits: 64 inputs, MLP [32], 10 classes; float32. Body 64·32 + 32, head 32·10 + 10.
+    body_bytes, head_bytes = 4 * (64 * 32 + 32), 4 * (32 * 10 + 10)
+    assert summary["num_parameters"] * 4 == body_bytes + head_bytes
+    assert int(last["bytes_sent"]) == 5 * body_bytes  # every client, every round
+    assert int(last["bytes_received"]) == 2 * body_bytes  # the 2 sampled clients
+    assert float(last["accuracy"]) > 0.2  # 10 classes: chance is 0.1 (measured 0.33)
