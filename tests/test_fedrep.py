@@ -1,5 +1,6 @@
 """FedRep: head epochs then body epochs, each freezing the other part; the head never leaves the client."""
 
+import pytest
 import torch
 
 from plfl.experiment import run_experiment
@@ -59,13 +60,15 @@ def test_client_keeps_its_head_and_takes_the_averaged_body(tiny_federation):
             assert torch.equal(fresh[key], kept[key])
 
 
-def test_head_bytes_are_never_sent_or_received(digits_config):
-    run_dir, summary = run_experiment(digits_config(**{"method.name": "fedrep", "federation.join_ratio": 0.4}))
+@pytest.mark.parametrize("method, shared", [("fedrep", "body"), ("lgfedavg", "head")])
+def test_only_the_shared_part_is_sent_or_received(digits_config, method, shared):
+    """FedRep's head and LG-FedAvg's body never leave the client: hand-counted bytes per round."""
+    run_dir, summary = run_experiment(digits_config(**{"method.name": method, "federation.join_ratio": 0.4}))
     header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
     last = dict(zip(header, rows[-1]))
     # digits: 64 inputs, MLP [32], 10 classes; float32. Body 64·32 + 32, head 32·10 + 10.
-    body_bytes, head_bytes = 4 * (64 * 32 + 32), 4 * (32 * 10 + 10)
-    assert summary["num_parameters"] * 4 == body_bytes + head_bytes
-    assert int(last["bytes_sent"]) == 5 * body_bytes  # every client, every round
-    assert int(last["bytes_received"]) == 2 * body_bytes  # the 2 sampled clients
+    size = {"body": 4 * (64 * 32 + 32), "head": 4 * (32 * 10 + 10)}
+    assert summary["num_parameters"] * 4 == size["body"] + size["head"]
+    assert int(last["bytes_sent"]) == 5 * size[shared]  # every client, every round
+    assert int(last["bytes_received"]) == 2 * size[shared]  # the 2 sampled clients
     assert float(last["accuracy"]) > 0.2  # 10 classes: chance is 0.1 (measured 0.33)

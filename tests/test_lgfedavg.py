@@ -2,7 +2,6 @@
 
 import torch
 
-from plfl.experiment import run_experiment
 from plfl.methods.lgfedavg import LGFedAvg
 from plfl.methods.schemas import LGFedAvgConfig
 from test_federation import make_context
@@ -31,15 +30,3 @@ def test_client_keeps_its_body_and_takes_the_averaged_head(tiny_federation):
             assert torch.equal(fresh[key], kept[key])
         else:
             assert torch.equal(kept[key], trained.params[key]) and torch.equal(fresh[key], initial[key])
-
-
-def test_body_bytes_are_never_sent_or_received(digits_config):
-    run_dir, summary = run_experiment(digits_config(**{"method.name": "lgfedavg", "federation.join_ratio": 0.4}))
-    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
-    last = dict(zip(header, rows[-1]))
-    # digits: 64 inputs, MLP [32], 10 classes; float32. Body 64·32 + 32, head 32·10 + 10.
-    body_bytes, head_bytes = 4 * (64 * 32 + 32), 4 * (32 * 10 + 10)
-    assert summary["num_parameters"] * 4 == body_bytes + head_bytes
-    assert int(last["bytes_sent"]) == 5 * head_bytes  # every client, every round
-    assert int(last["bytes_received"]) == 2 * head_bytes  # the 2 sampled clients
-    assert float(last["accuracy"]) > 0.2  # 10 classes: chance is 0.1 (measured 0.33)

@@ -181,6 +181,9 @@ class FedAvgEConfig(FedAvgConfig):
     """FedAvg-e's keys (Self-FL paper, Sec. 4): FedAvg's, ``method.ala`` included."""
 
     name: str = "fedavg_e"
+
+
+@dataclass
 class DittoConfig(MethodConfig):
     """Ditto's keys (Li et al., ICML 2021, Eq. 2, Alg. 1); the global copy trains for
     ``federation.local_epochs``. The kept personal model is Ditto's local initialisation, so
@@ -209,6 +212,9 @@ class PFedMeConfig(MethodConfig):
     beta: float = checked(1.0, lambda v: v > 0, "a number > 0",
                           "β: the server moves Θ ← (1 − β) Θ + β · mean of the uploads; 1 = FedAvg's average "
                           "(PFLlib's shared -bt default 0 would never move Θ)")
+
+
+@dataclass
 class FedRepConfig(MethodConfig):
     """FedRep's keys; τ_φ (the body epochs) is ``federation.local_epochs``."""
 
@@ -220,6 +226,8 @@ class FedRepConfig(MethodConfig):
 
 @dataclass
 class LGFedAvgConfig(MethodConfig):
+    """LG-FedAvg has no keys of its own: the head is shared, the body stays with the client."""
+
     name: str = "lgfedavg"
 
 
