@@ -52,8 +52,8 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
     federation: FederationConfig = OmegaConf.to_object(cfg.federation)
     L.seed_everything(federation.seed, verbose=False)
     data = load_federated_data(OmegaConf.to_object(cfg.data), federation.seed)
-    model = build_model(cfg.model.name, data.input_shape, data.num_classes, cfg.model.hidden_sizes,
-                        cfg.model.batch_norm)
+    model = build_model(input_shape=data.input_shape, num_classes=data.num_classes, vocab_size=data.vocab_size,
+                        **OmegaConf.to_container(cfg.model))
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     module = ClientModule(model, data.num_classes, federation.lr, federation.momentum)

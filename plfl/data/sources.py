@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -58,6 +58,8 @@ class FederatedData:
     clients: list[ClientData]
     num_classes: int
     input_shape: tuple[int, ...]
+    # Token-id inputs (text): x holds int64 ids in [0, vocab_size), 0 the padding id; None for images.
+    vocab_size: Optional[int] = None
 
 
 def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
@@ -77,17 +79,15 @@ def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
             partition is impossible with the given settings; the message names
             the file or key to fix.
     """
-    if cfg.source == "pfllib":
-        files = _load_pfllib(cfg.root, None if cfg.repartition else cfg.num_clients)
+    if cfg.source in CLIENT_SPLIT_READERS:
+        files = CLIENT_SPLIT_READERS[cfg.source](cfg)
         if not cfg.repartition:
             return files
         x = torch.cat([t for c in files.clients for t in (c.x_train, c.x_test)])
         y = torch.cat([t for c in files.clients for t in (c.y_train, c.y_test)])
         name, num_classes = files.name, files.num_classes
-    elif cfg.source == "digits":
-        name, (x, y, num_classes) = cfg.source, _load_digits()
     else:
-        name, (x, y, num_classes) = cfg.source, _load_torchvision(cfg.source, cfg.root, cfg.download)
+        name, (x, y, num_classes) = cfg.source, POOLED_READERS[cfg.source](cfg)
 
     labels = y.numpy()
     num_clients = DEFAULT_NUM_CLIENTS if cfg.num_clients is None else cfg.num_clients
@@ -118,7 +118,7 @@ def _partition(cfg: DataConfig, labels: np.ndarray, num_clients: int, rng: np.ra
     return iid_partition(labels, num_clients, rng)
 
 
-def _load_digits() -> tuple[torch.Tensor, torch.Tensor, int]:
+def _load_digits(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor, int]:
     """scikit-learn's bundled 8x8 digits: 1,797 images ``(1, 8, 8)`` in [0, 1], 10 classes."""
     from sklearn.datasets import load_digits
 
@@ -138,12 +138,14 @@ _TORCHVISION = {
 }
 
 
-def _load_torchvision(source: str, root: Optional[str], download: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _load_torchvision(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The train and test sets of a torchvision data set, pooled (as PFLlib does).
 
     Returns ``x`` float32 ``(n, C, H, W)`` in [-1, 1], ``y`` int64 ``(n,)``, the class count.
     """
     import torchvision.datasets
+
+    source, root, download = cfg.source, cfg.root, cfg.download
 
     cls_name, num_classes, folder, contents = _TORCHVISION[source]
     if root is None:
@@ -173,8 +175,9 @@ def _load_torchvision(source: str, root: Optional[str], download: bool) -> tuple
     return x, y, num_classes
 
 
-def _load_pfllib(root: Optional[str], num_clients: Optional[int]) -> FederatedData:
+def _load_pfllib(cfg: DataConfig) -> FederatedData:
     """A PFLlib data directory: ``config.json``, ``train/`` and ``test/`` with one file per client."""
+    root, num_clients = cfg.root, None if cfg.repartition else cfg.num_clients
     layout = "config.json, train/ and test/ (a PFLlib dataset/<name> folder)"
     if root is None:
         raise DataError(f"data.source=pfllib needs data.root: the directory that holds {layout}. Set data.root=<dir>.")
@@ -315,3 +318,12 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
             f"says {want[label]} under '{SIZES_KEY}'. The files and config.json come from different PFLlib runs: "
             "regenerate the data set or restore the matching config.json."
         )
+
+
+# Readers by ``data.source`` (the names ``plfl.config.DATA_SOURCES`` accepts). A pooled reader returns
+# (x, y, number of classes) for the partitioner; a client-split reader returns the clients as its files
+# define them. Each takes the DataConfig and raises DataError naming the file and the fix.
+POOLED_READERS: dict[str, Callable[[DataConfig], tuple[torch.Tensor, torch.Tensor, int]]] = {
+    "digits": _load_digits, **{source: _load_torchvision for source in _TORCHVISION},
+}
+CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {"pfllib": _load_pfllib}

@@ -11,6 +11,7 @@ al., ICLR 2021, arXiv:2102.07623, App.: conv → BN → ReLU, fc → BN → ReLU
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -87,22 +88,28 @@ def resnet(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
     return BodyHeadModel(net, head)
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int],
-                batch_norm: bool = False) -> BodyHeadModel:
+# model.name → builder(input_shape, num_classes, options); options: the ModelConfig keys
+# (hidden_sizes, batch_norm, ...) and the data's vocab_size (None for images).
+MODELS: dict[str, Callable[..., BodyHeadModel]] = {
+    "cnn": lambda shape, classes, o: cnn(shape, classes, o.get("batch_norm", False)),
+    "mlp": lambda shape, classes, o: mlp(shape, classes, list(o.get("hidden_sizes", [200])), o.get("batch_norm", False)),
+    "resnet18": lambda shape, classes, o: resnet(shape, classes),
+}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int] = (200,),
+                batch_norm: bool = False, **options: Any) -> BodyHeadModel:
     """Build ``model.name`` for inputs of ``input_shape`` (no batch dim) and ``num_classes`` classes;
-    ``batch_norm``: BatchNorm layers in the CNN and the MLP (ResNet-18 always has them, and
-    ``ModelConfig`` refuses ``model.batch_norm`` with it).
+    ``hidden_sizes``: the MLP's widths; ``batch_norm``: BatchNorm layers in the CNN and the MLP
+    (ResNet-18 always has them, and ``ModelConfig`` refuses ``model.batch_norm`` with it);
+    ``options``: further ``model.*`` keys and the data's ``vocab_size``, for the models that read them.
 
     Raises:
         ConfigError: unknown name, or inputs the network cannot take.
     """
-    if name == "cnn":
-        return cnn(input_shape, num_classes, batch_norm)
-    if name == "mlp":
-        return mlp(input_shape, num_classes, list(hidden_sizes), batch_norm)
-    if name == "resnet18":
-        return resnet(input_shape, num_classes)
-    raise ConfigError(f"Unknown model.name {name!r}; valid names: cnn, mlp, resnet18.")
+    if name not in MODELS:
+        raise ConfigError(f"Unknown model.name {name!r}; valid names: {', '.join(MODELS)}.")
+    return MODELS[name](input_shape, num_classes, {"hidden_sizes": hidden_sizes, "batch_norm": batch_norm, **options})
 
 
 def _image_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int, int]:
