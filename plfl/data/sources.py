@@ -26,6 +26,7 @@ from plfl.data.partition import (
     pathological_partition,
     split_train_test,
 )
+from plfl.data.imagefolder import load_image_folder
 from plfl.data.safe_npz import load_npz_dict
 from plfl.errors import DataError
 
@@ -325,5 +326,6 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
 # define them. Each takes the DataConfig and raises DataError naming the file and the fix.
 POOLED_READERS: dict[str, Callable[[DataConfig], tuple[torch.Tensor, torch.Tensor, int]]] = {
     "digits": _load_digits, **{source: _load_torchvision for source in _TORCHVISION},
+    "imagefolder": lambda cfg: load_image_folder(cfg.root, cfg.cache_dir),
 }
 CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {"pfllib": _load_pfllib}
