@@ -157,6 +157,8 @@ def _read_cache(path: Path, classes: list[str], n: int) -> tuple[Optional[torch.
         warnings.warn(f"Image cache {path} cannot be read ({type(e).__name__}); decoding the images again.",
                       PlflWarning, stacklevel=3)
         return None, None
+    if not isinstance(cached, dict):
+        return None, None
     images, labels = cached.get("images"), cached.get("labels")
     valid = (cached.get("classes") == classes and isinstance(images, torch.Tensor) and images.dtype == torch.uint8
              and images.ndim == 4 and len(images) == n and isinstance(labels, torch.Tensor) and labels.shape == (n,))
