@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 import lightning as L
 import torch
@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from plfl.seeding import SHUFFLING, derive_seed
+from plfl.seeding import AUGMENTATION, SHUFFLING, derive_seed
 from plfl.state import Params
 
 EVAL_BATCH_SIZE = 1000
@@ -96,9 +96,13 @@ class ClientModule(L.LightningModule):
 
     Tracks the sample-weighted mean training loss of the last fit and, in
     test mode, the accuracy (torchmetrics) and mean loss on a client's test split.
+    ``train_transform(x, generator)`` (e.g. :func:`plfl.data.augment.random_crop_flip`) maps each
+    training batch's inputs before the forward pass, drawing from ``self.generator``, which
+    :class:`LocalTrainer` seeds for every fit; evaluation never transforms.
     """
 
-    def __init__(self, model: nn.Module, num_classes: int, lr: float, momentum: float = 0.0):
+    def __init__(self, model: nn.Module, num_classes: int, lr: float, momentum: float = 0.0,
+                 train_transform: Optional[Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = None):
         super().__init__()
         if any(isinstance(m, nn.Conv2d) for m in model.modules()):
             # Measured ~20 % faster convolutions and pooling on the CPU (benchmarks/overhead.py).
@@ -111,6 +115,8 @@ class ClientModule(L.LightningModule):
         self.register_buffer("_loss_sum", torch.zeros(()), persistent=False)
         self.samples_seen = 0
         self.proximal: Optional[ProximalTerm] = None  # set by LocalTrainer.train for one fit
+        self.train_transform = train_transform
+        self.generator = torch.Generator()  # reseeded by LocalTrainer.train for every fit
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -123,6 +129,8 @@ class ClientModule(L.LightningModule):
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
+        if self.train_transform is not None:
+            x = self.train_transform(x, self.generator)
         loss = F.cross_entropy(self.model(x), y)
         # Summed as a tensor: a .item() per step would synchronise every batch on a GPU.
         self._loss_sum += loss.detach() * len(y)
@@ -228,7 +236,7 @@ class LocalTrainer:
         Args:
             params: the starting state (not modified).
             x: (n, *input_shape) training inputs; y: (n,) int64 labels.
-            seed: seeds the shuffling of the mini-batches.
+            seed: seeds the shuffling of the mini-batches and the module's ``train_transform``.
             epochs / steps: exactly one of them, ≥ 1.
             trainable: names of the parameters to update (default: all); the others stay frozen.
             proximal: a term added to the loss (FedProx, Ditto); the reported loss leaves it out.
@@ -249,6 +257,8 @@ class LocalTrainer:
         size = n - 1 if self.batch_norm and n > 1 and n % self.batch_size == 1 else n
         loader = batch_loader(x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch, size=size)
         self.module.proximal = proximal
+        # Seeded per fit, not once per run: a fit's draws depend only on its seed (and so survive a resume).
+        self.module.generator.manual_seed(derive_seed(seed, 0, 0, AUGMENTATION))
         try:
             self.trainer.fit(self.module, train_dataloaders=loader)
         finally:

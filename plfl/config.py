@@ -22,7 +22,7 @@ from plfl.errors import ConfigError, PlflError
 from plfl.fields import checked, one_of
 from plfl.methods import method_schema
 
-DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib")
+DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib", "imagefolder")
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
@@ -34,7 +34,8 @@ class DataConfig:
 
     Raises:
         ConfigError: a key that the other keys make meaningless has a non-default
-            value: ``repartition`` for a source other than ``pfllib``, a partition
+            value: ``repartition`` for a source other than ``pfllib``, ``cache_dir`` for
+            a source other than ``imagefolder``, a partition
             key for ``pfllib`` without ``repartition``, or a key the chosen
             ``partition`` does not read (``beta`` with ``partition=classes``).
     """
@@ -64,6 +65,10 @@ class DataConfig:
     max_retries: int = checked(100, lambda v: v >= 1, "an integer >= 1")
     # torchvision sources only; there is no network here, so it stays off by default.
     download: bool = False
+    # ``imagefolder``: where decoded images are cached (null: $XDG_CACHE_HOME/plfl, else ~/.cache/plfl).
+    cache_dir: Optional[str] = None
+    # Training batches get a random crop (4-pixel zero padding) and a horizontal flip per sample; images only.
+    augment: bool = False
 
     def __post_init__(self) -> None:
         # Keys that only partitioning reads, with the partitions that read them (empty: all of them).
@@ -72,6 +77,9 @@ class DataConfig:
             "max_retries": ("dirichlet",), "classes_per_client": ("pathological", "classes"),
             "dominant_classes": ("dominant",), "dominant_fraction": ("dominant",),
         }
+        if self.cache_dir is not None and self.source != "imagefolder":
+            raise ConfigError(f"data.cache_dir applies only to data.source=imagefolder, not to data.source="
+                              f"{self.source}. Remove data.cache_dir.")
         if self.repartition and self.source != "pfllib":
             raise ConfigError(f"data.repartition=true applies only to data.source=pfllib; data.source={self.source} "
                               "is always partitioned by data.partition. Remove data.repartition.")
@@ -94,15 +102,15 @@ class DataConfig:
 class ModelConfig:
     """The network (``model.*``); input shape and class count come from the data."""
 
-    name: str = one_of("mlp", ("cnn", "mlp", "resnet18"))
+    name: str = one_of("mlp", ("cnn", "mlp", "resnet18", "lenet5"))
     # MLP only: widths of the hidden layers.
     hidden_sizes: list[int] = field(default_factory=lambda: [200])
-    # CNN and MLP: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them.
+    # CNN, LeNet-5 and MLP: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them.
     batch_norm: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_norm and self.name == "resnet18":
-            raise ConfigError("model.batch_norm=true applies to model.name=cnn and mlp; resnet18 always has "
+            raise ConfigError("model.batch_norm=true applies to model.name=cnn, lenet5 and mlp; resnet18 always has "
                               "BatchNorm layers. Remove model.batch_norm.")
 
 
@@ -209,8 +217,9 @@ def validate(raw: DictConfig) -> DictConfig:
     except OmegaConfBaseException as e:
         raise ConfigError(f"Could not resolve an interpolation in the config: {e}") from None
     _check_ranges(OmegaConf.to_object(cfg), "")
-    if cfg.data.root is not None:
-        cfg.data.root = str(Path(cfg.data.root).expanduser().resolve())
+    for key in ("root", "cache_dir"):
+        if cfg.data[key] is not None:
+            cfg.data[key] = str(Path(cfg.data[key]).expanduser().resolve())
     if cfg.name is None:
         cfg.name = f"{cfg.method.name}-{cfg.data.source}"
     return cfg

@@ -14,8 +14,9 @@ from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.config import FederationConfig
-from plfl.data import load_federated_data
-from plfl.errors import PlflError
+from plfl.data import FederatedData, load_federated_data
+from plfl.data.augment import random_crop_flip
+from plfl.errors import ConfigError, PlflError
 from plfl.federation import FederationLoop
 from plfl.methods import method_class
 from plfl.methods.base import FederationContext
@@ -56,7 +57,8 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
                         **OmegaConf.to_container(cfg.model))
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
-    module = ClientModule(model, data.num_classes, federation.lr, federation.momentum)
+    module = ClientModule(model, data.num_classes, federation.lr, federation.momentum,
+                          train_transform=image_augmentation(cfg.data.augment, data))
     local_trainer = LocalTrainer(module, build_trainer(**cfg.trainer), federation.batch_size)
     context = FederationContext(data, ClientStateStore(len(data.clients)), model, local_trainer, federation)
     method_cls = method_class(cfg.method.name)
@@ -70,6 +72,20 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
         loop.load_state_dict(checkpoint)
     loop.callbacks.extend(build_callbacks(cfg, loop.state_dict))
     return run_dir, loop.run()
+
+
+def image_augmentation(augment: bool, data: FederatedData) -> Optional[Callable]:
+    """The training batch transform ``data.augment`` asks for (None: none).
+
+    Raises:
+        ConfigError: ``augment`` is set for data that are not images (C, H, W).
+    """
+    if not augment:
+        return None
+    if len(data.input_shape) != 3 or data.vocab_size is not None:
+        raise ConfigError(f"data.augment=true crops and flips images (C, H, W), but data.source={data.name} "
+                          f"gives inputs of shape {data.input_shape}. Remove data.augment.")
+    return random_crop_flip
 
 
 def build_callbacks(cfg: DictConfig, state: Callable[[], dict[str, Any]]) -> list[FederationCallback]:

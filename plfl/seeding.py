@@ -22,6 +22,8 @@ SAMPLING, LOCAL_TRAINING, ALA_SUBSET, POST_TRAINING, HYPERNETWORK_INIT, SHUFFLIN
 # model beside the global one (Ditto, pFedMe), adaptation before evaluation (Per-FedAvg), head
 # epochs before body epochs (FedRep).
 FINE_TUNING, PERSONAL_TRAINING, ADAPTATION, HEAD_TRAINING = range(6, 10)
+# Per-sample data augmentation within one training (drawn from that training's seed).
+AUGMENTATION = 10
 
 
 def derive_seed(seed: int, round_: int, client_id: int, stream: int) -> int:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_data import write_pfllib
+from test_imagefolder import write_image_folder
 
 from plfl.cli import main
 from plfl.methods import METHODS
@@ -65,10 +66,10 @@ CASES = {
     "unknown method": (lambda t: ["--config", QUICKSTART, "method.name=fedrox"],
                        f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(METHODS))}."),
     "unknown model": (lambda t: ["--config", QUICKSTART, "model.name=vgg16"],
-                      "Config key 'model.name' must be one of cnn, mlp, resnet18; got 'vgg16'."),
+                      "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5; got 'vgg16'."),
     "unknown data set": (lambda t: ["--config", QUICKSTART, "data.source=imagenet"],
                          "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, cifar100, "
-                         "pfllib; got 'imagenet'."),
+                         "pfllib, imagefolder; got 'imagenet'."),
     "data root missing offline": (lambda t: ["--config", QUICKSTART, "data.source=mnist", f"data.root={t / 'none'}"],
                                   "The MNIST data set is not in {t}/none and data.download is false."),
     "config.json disagrees": (lambda t: pfllib(t, lambda r: config_json(r, **{SIZES: [[[0, 9]], [[0, 2]]]})),
@@ -85,6 +86,10 @@ CASES = {
     "impossible Dirichlet minimum": (lambda t: ["--config", QUICKSTART, "data.num_clients=100", "data.min_samples=20"],
                                      "Cannot give each of 100 clients at least 20 samples: the data set has only "
                                      "1797 samples"),
+    "image folder with a broken image": (
+        lambda t: ["--config", QUICKSTART, "data.source=imagefolder", "data.num_clients=2", "model.name=mlp",
+                   f"data.root={write_image_folder(t / 'images', broken='test/b/0.png')}", f"data.cache_dir={t / 'cache'}"],
+        "Image {t}/images/test/b/0.png cannot be read"),
     "resume a directory that is not a run": (lambda t: ["--resume", str(t)],
                                              "{t} is not a plfl run directory (it has no config.yaml)"),
 }

@@ -20,6 +20,17 @@ def test_cnn_flattened_dimension_and_head(shape, flat):
     assert model(torch.zeros(2, *shape)).shape == (2, 10)
 
 
+@pytest.mark.parametrize("shape, flat, params", [((3, 32, 32), 400, 62_006), ((1, 28, 28), 256, 44_426)])
+def test_lenet5_layers_and_parameter_count(shape, flat, params):
+    """62,006 parameters on CIFAR-10: 456 + 2,416 (convs) + 48,120 + 10,164 (fc 120, fc 84) + 850 (head)."""
+    model = build_model("lenet5", shape, 10, [])
+    assert [m.out_channels for m in model.body if isinstance(m, nn.Conv2d)] == [6, 16]
+    assert [(m.in_features, m.out_features) for m in model.body if isinstance(m, nn.Linear)] == [(flat, 120), (120, 84)]
+    assert (model.head.in_features, model.head.out_features) == (84, 10)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert model(torch.zeros(2, *shape)).shape == (2, 10)
+
+
 def test_resnet18_and_mlp_expose_body_and_head():
     resnet = build_model("resnet18", (1, 28, 28), 7, [])
     assert resnet.body(torch.zeros(2, 1, 28, 28)).shape == (2, 512)
@@ -36,6 +47,7 @@ def test_cnn_on_too_small_images_says_what_to_use():
 @pytest.mark.parametrize("name, shape, norms", [
     ("cnn", (1, 28, 28), [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d]),
     ("mlp", (1, 8, 8), [nn.BatchNorm1d, nn.BatchNorm1d]),
+    ("lenet5", (3, 32, 32), [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.BatchNorm1d]),
 ])
 def test_batch_norm_option_puts_a_batch_norm_before_every_relu(name, shape, norms):
     plain = list(build_model(name, shape, 10, [32, 16]).body)

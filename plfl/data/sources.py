@@ -1,7 +1,7 @@
 """Data sources and the one entry point, :func:`load_federated_data`.
 
 Every source ends as in-memory CPU tensors per client, built once. Pooled
-sources (``digits`` and the torchvision sets) are partitioned over clients by
+sources (``digits``, the torchvision sets, ``imagefolder``) are partitioned over clients by
 ``data.partition``; ``pfllib`` directories already hold one file per client,
 kept as they are unless ``data.repartition`` pools and partitions them too.
 """
@@ -26,6 +26,7 @@ from plfl.data.partition import (
     pathological_partition,
     split_train_test,
 )
+from plfl.data.imagefolder import load_image_folder
 from plfl.data.safe_npz import load_npz_dict
 from plfl.errors import DataError
 
@@ -71,8 +72,9 @@ def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
     takes clients and splits from its files, or with ``cfg.repartition`` pools
     every client's train and test samples and partitions them the same way.
 
-    Images are float32 ``(C, H, W)``: ``digits`` in [0, 1], the others in
-    [-1, 1] (``(x/255 - 0.5) / 0.5``, as PFLlib normalises).
+    Images are float32 ``(C, H, W)``: ``digits`` in [0, 1], ``imagefolder``
+    normalised per channel over the pool (:func:`plfl.data.imagefolder.load_image_folder`),
+    the others in [-1, 1] (``(x/255 - 0.5) / 0.5``, as PFLlib normalises).
 
     Raises:
         DataError: files are missing, corrupt, unsafe or inconsistent, or the
@@ -325,5 +327,6 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
 # define them. Each takes the DataConfig and raises DataError naming the file and the fix.
 POOLED_READERS: dict[str, Callable[[DataConfig], tuple[torch.Tensor, torch.Tensor, int]]] = {
     "digits": _load_digits, **{source: _load_torchvision for source in _TORCHVISION},
+    "imagefolder": lambda cfg: load_image_folder(cfg.root, cfg.cache_dir),
 }
 CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {"pfllib": _load_pfllib}

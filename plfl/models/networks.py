@@ -1,4 +1,4 @@
-"""The model zoo: 4-layer CNN (FedAvg/PFLlib), MLP, ResNet-18.
+"""The model zoo: 4-layer CNN (FedAvg/PFLlib), LeNet-5, MLP, ResNet-18.
 
 Every model is a :class:`BodyHeadModel`: ``body`` maps an input batch to a
 feature vector, ``head`` is the last classifier layer. Models take their
@@ -63,6 +63,31 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = False
     return BodyHeadModel(body, nn.Linear(512, num_classes))
 
 
+def lenet5(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = False) -> BodyHeadModel:
+    """LeNet-5 (LeCun et al., Proc. IEEE 1998) in the modern form FedFTHA's CIFAR experiments use.
+
+    conv5×5(6) → ReLU → maxpool2 → conv5×5(16) → ReLU → maxpool2 → fc 120 → ReLU → fc 84 → ReLU
+    → fc classes (the head), with ``batch_norm`` a BatchNorm before each ReLU. ReLU and max pooling
+    replace the paper's scaled tanh and trainable subsampling; the paper's sparse C3 connections are
+    full. The flattened dimension is 400 on 32×32 inputs (the paper's size) and 256 on 28×28.
+    """
+    channels, height, width = _image_shape(input_shape, "lenet5")
+    conv_out = lambda s: ((s - 4) // 2 - 4) // 2  # noqa: E731  two (valid conv5, pool2) stages
+    if conv_out(height) < 1 or conv_out(width) < 1:
+        raise ConfigError(
+            f"model.name=lenet5 needs images of at least 16×16 pixels; the data are {height}×{width}. "
+            "Use model.name=mlp for small inputs such as digits."
+        )
+    body = nn.Sequential(
+        *normalized_relu(nn.Conv2d(channels, 6, kernel_size=5), 6, batch_norm), nn.MaxPool2d(2),
+        *normalized_relu(nn.Conv2d(6, 16, kernel_size=5), 16, batch_norm), nn.MaxPool2d(2),
+        nn.Flatten(),
+        *normalized_relu(nn.Linear(16 * conv_out(height) * conv_out(width), 120), 120, batch_norm),
+        *normalized_relu(nn.Linear(120, 84), 84, batch_norm),
+    )
+    return BodyHeadModel(body, nn.Linear(84, num_classes))
+
+
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int],
         batch_norm: bool = False) -> BodyHeadModel:
     """Fully connected network: flatten → [Linear → (BatchNorm1d if ``batch_norm``) → ReLU] per
@@ -94,13 +119,14 @@ MODELS: dict[str, Callable[..., BodyHeadModel]] = {
     "cnn": lambda shape, classes, o: cnn(shape, classes, o.get("batch_norm", False)),
     "mlp": lambda shape, classes, o: mlp(shape, classes, list(o.get("hidden_sizes", [200])), o.get("batch_norm", False)),
     "resnet18": lambda shape, classes, o: resnet(shape, classes),
+    "lenet5": lambda shape, classes, o: lenet5(shape, classes, o.get("batch_norm", False)),
 }
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int] = (200,),
                 batch_norm: bool = False, **options: Any) -> BodyHeadModel:
     """Build ``model.name`` for inputs of ``input_shape`` (no batch dim) and ``num_classes`` classes;
-    ``hidden_sizes``: the MLP's widths; ``batch_norm``: BatchNorm layers in the CNN and the MLP
+    ``hidden_sizes``: the MLP's widths; ``batch_norm``: BatchNorm layers in the CNN, LeNet-5 and the MLP
     (ResNet-18 always has them, and ``ModelConfig`` refuses ``model.batch_norm`` with it);
     ``options``: further ``model.*`` keys and the data's ``vocab_size``, for the models that read them.
 
