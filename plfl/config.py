@@ -22,7 +22,7 @@ from plfl.errors import ConfigError, PlflError
 from plfl.fields import checked, one_of
 from plfl.methods import method_schema
 
-DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib", "imagefolder")
+DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib", "imagefolder", "agnews")
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
@@ -34,8 +34,8 @@ class DataConfig:
 
     Raises:
         ConfigError: a key that the other keys make meaningless has a non-default
-            value: ``repartition`` for a source other than ``pfllib``, ``cache_dir`` for
-            a source other than ``imagefolder``, a partition
+            value: a source's own key (``cache_dir``, ``vocab_size``) with another source,
+            ``repartition`` for a source other than ``pfllib``, a partition
             key for ``pfllib`` without ``repartition``, or a key the chosen
             ``partition`` does not read (``beta`` with ``partition=classes``).
     """
@@ -69,6 +69,13 @@ class DataConfig:
     cache_dir: Optional[str] = None
     # Training batches get a random crop (4-pixel zero padding) and a horizontal flip per sample; images only.
     augment: bool = False
+    # agnews: file names under ``root`` (the official names; a prefix of train.csv works too).
+    train_file: str = "train.csv"
+    test_file: str = "test.csv"
+    # Text: most token ids, [PAD] and [UNK] included (32000: PFLlib's AG News cap); trained on training texts only.
+    vocab_size: int = checked(32000, lambda v: v >= 3, "an integer >= 3")
+    # Text: token ids per sample; longer texts are cut, shorter ones padded with id 0 (200: FedALA, PFLlib).
+    max_length: int = checked(200, lambda v: v >= 1, "an integer >= 1")
 
     def __post_init__(self) -> None:
         # Keys that only partitioning reads, with the partitions that read them (empty: all of them).
@@ -77,9 +84,14 @@ class DataConfig:
             "max_retries": ("dirichlet",), "classes_per_client": ("pathological", "classes"),
             "dominant_classes": ("dominant",), "dominant_fraction": ("dominant",),
         }
-        if self.cache_dir is not None and self.source != "imagefolder":
-            raise ConfigError(f"data.cache_dir applies only to data.source=imagefolder, not to data.source="
-                              f"{self.source}. Remove data.cache_dir.")
+        # Keys that only some sources read.
+        source_keys = {"cache_dir": ("imagefolder",), "train_file": ("agnews",), "test_file": ("agnews",), "vocab_size": ("agnews",),
+                       "max_length": ("agnews",)}
+        for f in dataclasses.fields(self):
+            readers = source_keys.get(f.name)
+            if readers and self.source not in readers and getattr(self, f.name) != f.default:
+                raise ConfigError(f"data.{f.name}={getattr(self, f.name)} is read only by data.source="
+                                  f"{' or '.join(readers)}, not by data.source={self.source}. Remove data.{f.name}.")
         if self.repartition and self.source != "pfllib":
             raise ConfigError(f"data.repartition=true applies only to data.source=pfllib; data.source={self.source} "
                               "is always partitioned by data.partition. Remove data.repartition.")
@@ -102,13 +114,30 @@ class DataConfig:
 class ModelConfig:
     """The network (``model.*``); input shape and class count come from the data."""
 
-    name: str = one_of("mlp", ("cnn", "mlp", "resnet18", "lenet5"))
+    name: str = one_of("mlp", ("cnn", "mlp", "resnet18", "lenet5", "fasttext", "transformer"))
     # MLP only: widths of the hidden layers.
     hidden_sizes: list[int] = field(default_factory=lambda: [200])
     # CNN, LeNet-5 and MLP: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them.
     batch_norm: bool = False
+    # fasttext and transformer: width of the token embeddings and of the features (32: FedALA's fastText).
+    embedding_dim: int = checked(32, lambda v: v >= 1, "an integer >= 1")
+    # transformer only: encoder layers, and attention heads per layer (embedding_dim must be a multiple).
+    num_layers: int = checked(2, lambda v: v >= 1, "an integer >= 1")
+    num_heads: int = checked(2, lambda v: v >= 1, "an integer >= 1")
 
     def __post_init__(self) -> None:
+        # Keys that only some models read.
+        model_keys = {"embedding_dim": ("fasttext", "transformer"), "num_layers": ("transformer",),
+                      "num_heads": ("transformer",)}
+        for f in dataclasses.fields(self):
+            readers = model_keys.get(f.name)
+            if readers and self.name not in readers and getattr(self, f.name) != f.default:
+                raise ConfigError(f"model.{f.name}={getattr(self, f.name)} is read only by model.name="
+                                  f"{' or '.join(readers)}, not by model.name={self.name}. Remove model.{f.name}.")
+        if self.name == "transformer" and self.num_heads >= 1 and self.embedding_dim % self.num_heads:
+            raise ConfigError(f"model.embedding_dim={self.embedding_dim} is not a multiple of model.num_heads="
+                              f"{self.num_heads}: each attention head takes an equal share of the embedding. "
+                              "Change one of them.")
         if self.batch_norm and self.name == "resnet18":
             raise ConfigError("model.batch_norm=true applies to model.name=cnn, lenet5 and mlp; resnet18 always has "
                               "BatchNorm layers. Remove model.batch_norm.")

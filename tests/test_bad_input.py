@@ -39,6 +39,15 @@ def pfllib(tmp_path: Path, change=None) -> list[str]:
     return ["--config", QUICKSTART, "data.source=pfllib", f"data.root={root}", "data.num_clients=null"]
 
 
+def agnews(tmp_path: Path, train_csv: str) -> list[str]:
+    """Args for AG News files whose train.csv holds ``train_csv``."""
+    root = tmp_path / "ag_news"
+    root.mkdir()
+    (root / "train.csv").write_text(train_csv)
+    (root / "test.csv").write_text('"1","Title","Text"\n')
+    return ["--config", QUICKSTART, "data.source=agnews", f"data.root={root}", "model.name=fasttext"]
+
+
 def malformed_yaml(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("data:\n  source: digits\nfederation:\n  rounds: [1, 2\n  lr: 0.1\n")
@@ -66,10 +75,10 @@ CASES = {
     "unknown method": (lambda t: ["--config", QUICKSTART, "method.name=fedrox"],
                        f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(METHODS))}."),
     "unknown model": (lambda t: ["--config", QUICKSTART, "model.name=vgg16"],
-                      "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5; got 'vgg16'."),
+                      "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer; got 'vgg16'."),
     "unknown data set": (lambda t: ["--config", QUICKSTART, "data.source=imagenet"],
                          "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, cifar100, "
-                         "pfllib, imagefolder; got 'imagenet'."),
+                         "pfllib, imagefolder, agnews; got 'imagenet'."),
     "data root missing offline": (lambda t: ["--config", QUICKSTART, "data.source=mnist", f"data.root={t / 'none'}"],
                                   "The MNIST data set is not in {t}/none and data.download is false."),
     "config.json disagrees": (lambda t: pfllib(t, lambda r: config_json(r, **{SIZES: [[[0, 9]], [[0, 2]]]})),
@@ -90,6 +99,8 @@ CASES = {
         lambda t: ["--config", QUICKSTART, "data.source=imagefolder", "data.num_clients=2", "model.name=mlp",
                    f"data.root={write_image_folder(t / 'images', broken='test/b/0.png')}", f"data.cache_dir={t / 'cache'}"],
         "Image {t}/images/test/b/0.png cannot be read"),
+    "AG News row with an unknown class": (lambda t: agnews(t, '"2","a","b"\n"7","a","b"\n'),
+                                          "{t}/ag_news/train.csv, line 2: class '7' is not one of 1, 2, 3, 4"),
     "resume a directory that is not a run": (lambda t: ["--resume", str(t)],
                                              "{t} is not a plfl run directory (it has no config.yaml)"),
 }

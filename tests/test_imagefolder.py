@@ -182,7 +182,7 @@ def test_missing_root_and_cache_inside_the_data_are_refused(tmp_path):
 
 
 def test_cache_dir_with_another_source_is_refused():
-    with pytest.raises(ConfigError, match="data.cache_dir applies only to data.source=imagefolder"):
+    with pytest.raises(ConfigError, match="data.cache_dir=.* is read only by data.source=imagefolder"):
         DataConfig(source="digits", cache_dir="/tmp/x")
 
 

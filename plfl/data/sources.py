@@ -1,8 +1,8 @@
 """Data sources and the one entry point, :func:`load_federated_data`.
 
 Every source ends as in-memory CPU tensors per client, built once. Pooled
-sources (``digits``, the torchvision sets, ``imagefolder``) are partitioned over clients by
-``data.partition``; ``pfllib`` directories already hold one file per client,
+sources (``digits``, the torchvision sets, ``imagefolder``, ``agnews``) are partitioned over
+clients by ``data.partition``; ``pfllib`` directories already hold one file per client,
 kept as they are unless ``data.repartition`` pools and partitions them too.
 """
 
@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -27,7 +27,9 @@ from plfl.data.partition import (
     split_train_test,
 )
 from plfl.data.imagefolder import load_image_folder
+from plfl.data.agnews import read_agnews
 from plfl.data.safe_npz import load_npz_dict
+from plfl.data.text import encode, train_tokenizer
 from plfl.errors import DataError
 
 SIZES_KEY = "Size of samples for labels in clients"
@@ -35,7 +37,8 @@ SIZES_KEY = "Size of samples for labels in clients"
 
 @dataclass
 class ClientData:
-    """One client's tensors: ``x_*`` float32 ``(n, *input_shape)``, ``y_*`` int64 ``(n,)``."""
+    """One client's tensors: ``x_*`` float32 ``(n, *input_shape)`` (images) or int64 token ids ``(n, L)``
+    (text), ``y_*`` int64 ``(n,)``."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -75,6 +78,9 @@ def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
     Images are float32 ``(C, H, W)``: ``digits`` in [0, 1], ``imagefolder``
     normalised per channel over the pool (:func:`plfl.data.imagefolder.load_image_folder`),
     the others in [-1, 1] (``(x/255 - 0.5) / 0.5``, as PFLlib normalises).
+    Texts (``agnews``) are int64 token ids ``(data.max_length,)``, 0 the padding,
+    from a vocabulary trained on the clients' training texts only; the
+    result's ``vocab_size`` is then set.
 
     Raises:
         DataError: files are missing, corrupt, unsafe or inconsistent, or the
@@ -96,15 +102,31 @@ def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
     rng = np.random.default_rng(seed)
     parts = _partition(cfg, labels, num_clients, rng)
 
-    clients = []
+    splits = []
     for i, idx in enumerate(parts):
         try:
-            train, test = split_train_test(idx, labels, cfg.test_fraction, rng)
+            splits.append(split_train_test(idx, labels, cfg.test_fraction, rng))
         except DataError as e:
             raise DataError(f"Client {i} of the {cfg.partition} partition: {e}") from None
+    vocab_size = None
+    if cfg.source in POOLED_ENCODERS:
+        x, vocab_size = POOLED_ENCODERS[cfg.source](cfg, x, np.concatenate([train for train, _ in splits]))
+    clients = []
+    for train, test in splits:
         train, test = torch.from_numpy(train), torch.from_numpy(test)
         clients.append(ClientData(x[train], y[train], x[test], y[test]))
-    return FederatedData(name, clients, num_classes, tuple(x.shape[1:]))
+    return FederatedData(name, clients, num_classes, tuple(x.shape[1:]), vocab_size)
+
+
+def _token_ids(cfg: DataConfig, texts: np.ndarray, train_index: np.ndarray) -> tuple[torch.Tensor, int]:
+    """Every text as ``data.max_length`` token ids (:mod:`plfl.data.text`), and the vocabulary's size.
+
+    The vocabulary (at most ``data.vocab_size`` ids) is trained on ``texts[train_index]``, the clients'
+    training texts, so no test text enters it: it is built here, after the split, not by the reader.
+    FedALA's data (PFLlib's ``generate_AGNews.py``) builds it from all texts, test texts included.
+    """
+    tokenizer = train_tokenizer(texts[train_index], cfg.vocab_size)
+    return encode(tokenizer, texts, cfg.max_length), tokenizer.get_vocab_size()
 
 
 def _partition(cfg: DataConfig, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -325,8 +347,13 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
 # Readers by ``data.source`` (the names ``plfl.config.DATA_SOURCES`` accepts). A pooled reader returns
 # (x, y, number of classes) for the partitioner; a client-split reader returns the clients as its files
 # define them. Each takes the DataConfig and raises DataError naming the file and the fix.
-POOLED_READERS: dict[str, Callable[[DataConfig], tuple[torch.Tensor, torch.Tensor, int]]] = {
-    "digits": _load_digits, **{source: _load_torchvision for source in _TORCHVISION},
+POOLED_READERS: dict[str, Callable[[DataConfig], tuple[Any, torch.Tensor, int]]] = {
+    "digits": _load_digits, **{source: _load_torchvision for source in _TORCHVISION}, "agnews": read_agnews,
     "imagefolder": lambda cfg: load_image_folder(cfg.root, cfg.cache_dir),
+}
+# Pooled sources whose raw samples (texts) become tensors only after the split, by an encoder fitted on the
+# training samples alone: source -> encoder(cfg, samples, train_index) -> (x tensor, vocab_size).
+POOLED_ENCODERS: dict[str, Callable[[DataConfig, Any, np.ndarray], tuple[torch.Tensor, int]]] = {
+    "agnews": _token_ids,
 }
 CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {"pfllib": _load_pfllib}

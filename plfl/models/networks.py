@@ -1,4 +1,4 @@
-"""The model zoo: 4-layer CNN (FedAvg/PFLlib), LeNet-5, MLP, ResNet-18.
+"""The model zoo: 4-layer CNN (FedAvg/PFLlib), LeNet-5, MLP, ResNet-18; fastText and a small Transformer for text.
 
 Every model is a :class:`BodyHeadModel`: ``body`` maps an input batch to a
 feature vector, ``head`` is the last classifier layer. Models take their
@@ -6,6 +6,8 @@ input shape and class count from the data, so switching data sets needs no
 model change. ``batch_norm`` (``model.batch_norm``) puts a BatchNorm layer
 before every ReLU of the CNN and the MLP, as FedBN's models have them (Li et
 al., ICLR 2021, arXiv:2102.07623, App.: conv → BN → ReLU, fc → BN → ReLU).
+The text models take int64 token ids ``(B, L)`` with 0 the padding id
+(:mod:`plfl.data.text`) and the data's ``vocab_size``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torchvision.models import resnet18
 
+from plfl.data.text import PAD_ID
 from plfl.errors import ConfigError
 
 
@@ -113,6 +117,76 @@ def resnet(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
     return BodyHeadModel(net, head)
 
 
+def mean_over_tokens(h: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Mean of ``h`` (B, L, D) over the positions where ``keep`` (B, L) is true → (B, D); zeros where none is."""
+    keep = keep.unsqueeze(-1).to(h.dtype)
+    return (h * keep).sum(1) / keep.sum(1).clamp(min=1)
+
+
+class MeanEmbedding(nn.Module):
+    """The mean of a text's token embeddings, padding left out: (B, L) int64 → (B, embedding_dim).
+
+    What ``nn.EmbeddingBag(mode="mean", padding_idx=0)`` computes, built on ``nn.Embedding`` because
+    EmbeddingBag has no second derivative (Per-FedAvg's ``hf`` variant takes one).
+    """
+
+    def __init__(self, vocab_size: int, embedding_dim: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embedding_dim, padding_idx=PAD_ID)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mean_over_tokens(self.embedding(x), x != PAD_ID)
+
+
+def fasttext(vocab_size: int, num_classes: int, embedding_dim: int) -> BodyHeadModel:
+    """fastText from *Bag of Tricks for Efficient Text Classification* (Joulin et al., EACL 2017,
+    arXiv:1607.01759), as FedALA and PFLlib build it (``fastText`` in their ``models.py``, hidden_dim 32).
+
+    Body: :class:`MeanEmbedding` (``embedding_dim``) → Linear(embedding_dim, embedding_dim), no activation,
+    as PFLlib's ``fc1``; head: Linear(embedding_dim, classes). Departure: the mean skips padding (a text
+    without tokens gives zeros), where PFLlib averages over all ``max_length`` positions with zero padding
+    vectors, which shrinks short texts' features. PFLlib's log-softmax output is left out: plfl's loss
+    takes logits.
+    """
+    body = nn.Sequential(MeanEmbedding(vocab_size, embedding_dim), nn.Linear(embedding_dim, embedding_dim))
+    return BodyHeadModel(body, nn.Linear(embedding_dim, num_classes))
+
+
+class TransformerBody(nn.Module):
+    """Token + learned position embeddings → ``nn.TransformerEncoder`` → mean over the non-padding tokens.
+
+    (B, L) int64 ids → (B, embedding_dim). Post-norm layers with a 4 × embedding_dim feed-forward width
+    and no dropout. A text without tokens keeps its first (padding) position unmasked: attention over no
+    key at all would give NaN. Attention runs on PyTorch's math kernel: the fused CPU kernels have no second
+    derivative, which Per-FedAvg's ``hf`` variant takes.
+    """
+
+    def __init__(self, vocab_size: int, max_length: int, embedding_dim: int, num_layers: int, num_heads: int):
+        super().__init__()
+        self.tokens = nn.Embedding(vocab_size, embedding_dim, padding_idx=PAD_ID)
+        self.positions = nn.Embedding(max_length, embedding_dim)
+        layer = nn.TransformerEncoderLayer(embedding_dim, num_heads, 4 * embedding_dim, dropout=0.0,
+                                           batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        padding = x == PAD_ID
+        padding[:, 0] = False  # texts start at position 0, so this changes only texts without tokens
+        with sdpa_kernel(SDPBackend.MATH):
+            h = self.encoder(self.tokens(x) + self.positions.weight[: x.shape[1]], src_key_padding_mask=padding)
+        return mean_over_tokens(h, ~padding)
+
+
+def transformer(vocab_size: int, input_shape: tuple[int, ...], num_classes: int, embedding_dim: int,
+                num_layers: int, num_heads: int) -> BodyHeadModel:
+    """A small Transformer encoder (Vaswani et al., NeurIPS 2017, arXiv:1706.03762) for token ids of length
+    ``input_shape[0]``: :class:`TransformerBody` → Linear(embedding_dim, classes)."""
+    body = TransformerBody(vocab_size, input_shape[0], embedding_dim, num_layers, num_heads)
+    return BodyHeadModel(body, nn.Linear(embedding_dim, num_classes))
+
+
+TEXT_MODELS = ("fasttext", "transformer")  # take token ids and need the data's vocab_size
+
 # model.name → builder(input_shape, num_classes, options); options: the ModelConfig keys
 # (hidden_sizes, batch_norm, ...) and the data's vocab_size (None for images).
 MODELS: dict[str, Callable[..., BodyHeadModel]] = {
@@ -120,6 +194,9 @@ MODELS: dict[str, Callable[..., BodyHeadModel]] = {
     "mlp": lambda shape, classes, o: mlp(shape, classes, list(o.get("hidden_sizes", [200])), o.get("batch_norm", False)),
     "resnet18": lambda shape, classes, o: resnet(shape, classes),
     "lenet5": lambda shape, classes, o: lenet5(shape, classes, o.get("batch_norm", False)),
+    "fasttext": lambda shape, classes, o: fasttext(o["vocab_size"], classes, o.get("embedding_dim", 32)),
+    "transformer": lambda shape, classes, o: transformer(
+        o["vocab_size"], shape, classes, o.get("embedding_dim", 32), o.get("num_layers", 2), o.get("num_heads", 2)),
 }
 
 
@@ -131,10 +208,16 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidde
     ``options``: further ``model.*`` keys and the data's ``vocab_size``, for the models that read them.
 
     Raises:
-        ConfigError: unknown name, or inputs the network cannot take.
+        ConfigError: unknown name, or inputs the network cannot take (a text model on images, an image
+            model on token ids: ``vocab_size`` None or not).
     """
     if name not in MODELS:
         raise ConfigError(f"Unknown model.name {name!r}; valid names: {', '.join(MODELS)}.")
+    text = options.get("vocab_size") is not None
+    if text != (name in TEXT_MODELS):
+        given, use = ("token ids (text)", TEXT_MODELS) if text else ("images or vectors", [*MODELS.keys() - TEXT_MODELS])
+        raise ConfigError(f"model.name={name} cannot take the data's {given}; use model.name="
+                          f"{' or '.join(sorted(use))}.")
     return MODELS[name](input_shape, num_classes, {"hidden_sizes": hidden_sizes, "batch_norm": batch_norm, **options})
 
 
