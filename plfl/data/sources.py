@@ -320,10 +320,15 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
         )
 
 
+from plfl.data.shakespeare import load_shakespeare  # noqa: E402  (imported here: it builds ClientData)
+
 # Readers by ``data.source`` (the names ``plfl.config.DATA_SOURCES`` accepts). A pooled reader returns
 # (x, y, number of classes) for the partitioner; a client-split reader returns the clients as its files
 # define them. Each takes the DataConfig and raises DataError naming the file and the fix.
 POOLED_READERS: dict[str, Callable[[DataConfig], tuple[torch.Tensor, torch.Tensor, int]]] = {
     "digits": _load_digits, **{source: _load_torchvision for source in _TORCHVISION},
 }
-CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {"pfllib": _load_pfllib}
+CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {
+    "pfllib": _load_pfllib,
+    "shakespeare": load_shakespeare,
+}

@@ -1,4 +1,4 @@
-"""The model zoo: 4-layer CNN (FedAvg/PFLlib), MLP, ResNet-18.
+"""The model zoo: 4-layer CNN (FedAvg/PFLlib), MLP, ResNet-18, LEAF's character LSTM.
 
 Every model is a :class:`BodyHeadModel`: ``body`` maps an input batch to a
 feature vector, ``head`` is the last classifier layer. Models take their
@@ -94,6 +94,8 @@ MODELS: dict[str, Callable[..., BodyHeadModel]] = {
     "cnn": lambda shape, classes, o: cnn(shape, classes, o.get("batch_norm", False)),
     "mlp": lambda shape, classes, o: mlp(shape, classes, list(o.get("hidden_sizes", [200])), o.get("batch_norm", False)),
     "resnet18": lambda shape, classes, o: resnet(shape, classes),
+    "lstm": lambda shape, classes, o: lstm(shape, classes, o.get("vocab_size"), o.get("embedding_dim", 8),
+                                           o.get("hidden_dim", 256)),
 }
 
 
@@ -110,6 +112,32 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidde
     if name not in MODELS:
         raise ConfigError(f"Unknown model.name {name!r}; valid names: {', '.join(MODELS)}.")
     return MODELS[name](input_shape, num_classes, {"hidden_sizes": hidden_sizes, "batch_norm": batch_norm, **options})
+
+
+class LastStepLSTM(nn.Module):
+    """Embedding → stacked LSTM → the last time step's output: (B, L) int64 ids → (B, hidden_dim)."""
+
+    def __init__(self, vocab_size: int, embedding_dim: int, hidden_dim: int, num_layers: int = 2):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.lstm = nn.LSTM(embedding_dim, hidden_dim, num_layers, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outputs, _ = self.lstm(self.embedding(x))
+        return outputs[:, -1]
+
+
+def lstm(input_shape: tuple[int, ...], num_classes: int, vocab_size: int | None, embedding_dim: int = 8,
+         hidden_dim: int = 256) -> BodyHeadModel:
+    """LEAF's Shakespeare model (Caldas et al., arXiv:1812.01097, ``models/shakespeare/stacked_lstm.py``; the
+    FedAvg paper's character LSTM): embedding 8 → 2-layer LSTM 256 → Linear classes on the last time step.
+
+    Inputs are int64 token ids ``(B, L)`` in ``[0, vocab_size)``; no id is treated as padding.
+    """
+    if vocab_size is None or len(input_shape) != 1:
+        raise ConfigError(f"model.name=lstm needs token-id sequences (data.source=shakespeare); the data have "
+                          f"shape {input_shape} and no vocabulary. Use model.name=cnn or mlp for images.")
+    return BodyHeadModel(LastStepLSTM(vocab_size, embedding_dim, hidden_dim), nn.Linear(hidden_dim, num_classes))
 
 
 def _image_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int, int]:
