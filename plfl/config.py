@@ -22,7 +22,8 @@ from plfl.errors import ConfigError, PlflError
 from plfl.fields import checked, one_of
 from plfl.methods import method_schema
 
-DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib", "imagefolder", "agnews")
+DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib", "imagefolder", "agnews",
+                "shakespeare")
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
@@ -76,6 +77,9 @@ class DataConfig:
     vocab_size: int = checked(32000, lambda v: v >= 3, "an integer >= 3")
     # Text: token ids per sample; longer texts are cut, shorter ones padded with id 0 (200: FedALA, PFLlib).
     max_length: int = checked(200, lambda v: v >= 1, "an integer >= 1")
+    # shakespeare: a speaking role needs this many characters (= samples) to be a client; >= 400 leaves every
+    # client a test window after LEAF's 79-window gap. 10,000 gives 36 clients on tiny Shakespeare.
+    min_chars: int = checked(10_000, lambda v: v >= 400, "an integer >= 400")
 
     def __post_init__(self) -> None:
         # Keys that only partitioning reads, with the partitions that read them (empty: all of them).
@@ -95,6 +99,9 @@ class DataConfig:
         if self.repartition and self.source != "pfllib":
             raise ConfigError(f"data.repartition=true applies only to data.source=pfllib; data.source={self.source} "
                               "is always partitioned by data.partition. Remove data.repartition.")
+        if self.min_chars != 10_000 and self.source != "shakespeare":
+            raise ConfigError(f"data.min_chars={self.min_chars} is read only by data.source=shakespeare, not by "
+                              f"data.source={self.source}. Remove data.min_chars.")
         changed = [f.name for f in dataclasses.fields(self)
                    if f.name in partition_keys and getattr(self, f.name) != f.default]
         if self.source == "pfllib" and not self.repartition and changed:
@@ -114,33 +121,34 @@ class DataConfig:
 class ModelConfig:
     """The network (``model.*``); input shape and class count come from the data."""
 
-    name: str = one_of("mlp", ("cnn", "mlp", "resnet18", "lenet5", "fasttext", "transformer"))
+    name: str = one_of("mlp", ("cnn", "mlp", "resnet18", "lenet5", "fasttext", "transformer", "lstm"))
     # MLP only: widths of the hidden layers.
     hidden_sizes: list[int] = field(default_factory=lambda: [200])
     # CNN, LeNet-5 and MLP: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them.
     batch_norm: bool = False
-    # fasttext and transformer: width of the token embeddings and of the features (32: FedALA's fastText).
-    embedding_dim: int = checked(32, lambda v: v >= 1, "an integer >= 1")
+    # fasttext, transformer, lstm: width of the token embeddings (null: the model's own, 32 for fasttext and
+    # transformer as FedALA's fastText, 8 for lstm as LEAF's).
+    embedding_dim: Optional[int] = checked(None, lambda v: v is None or v >= 1, "an integer >= 1")
     # transformer only: encoder layers, and attention heads per layer (embedding_dim must be a multiple).
     num_layers: int = checked(2, lambda v: v >= 1, "an integer >= 1")
     num_heads: int = checked(2, lambda v: v >= 1, "an integer >= 1")
+    # lstm only: LSTM hidden units (LEAF's 256).
+    hidden_dim: int = checked(256, lambda v: v >= 1, "an integer >= 1")
 
     def __post_init__(self) -> None:
         # Keys that only some models read.
-        model_keys = {"embedding_dim": ("fasttext", "transformer"), "num_layers": ("transformer",),
-                      "num_heads": ("transformer",)}
+        model_keys = {"embedding_dim": ("fasttext", "transformer", "lstm"), "num_layers": ("transformer",),
+                      "num_heads": ("transformer",), "hidden_dim": ("lstm",), "batch_norm": ("cnn", "lenet5", "mlp")}
         for f in dataclasses.fields(self):
             readers = model_keys.get(f.name)
             if readers and self.name not in readers and getattr(self, f.name) != f.default:
+                always = "; resnet18 always has BatchNorm layers" if (f.name, self.name) == ("batch_norm", "resnet18") else ""
                 raise ConfigError(f"model.{f.name}={getattr(self, f.name)} is read only by model.name="
-                                  f"{' or '.join(readers)}, not by model.name={self.name}. Remove model.{f.name}.")
-        if self.name == "transformer" and self.num_heads >= 1 and self.embedding_dim % self.num_heads:
+                                  f"{' or '.join(readers)}, not by model.name={self.name}{always}. Remove model.{f.name}.")
+        if self.name == "transformer" and self.embedding_dim and self.embedding_dim % self.num_heads:
             raise ConfigError(f"model.embedding_dim={self.embedding_dim} is not a multiple of model.num_heads="
                               f"{self.num_heads}: each attention head takes an equal share of the embedding. "
                               "Change one of them.")
-        if self.batch_norm and self.name == "resnet18":
-            raise ConfigError("model.batch_norm=true applies to model.name=cnn, lenet5 and mlp; resnet18 always has "
-                              "BatchNorm layers. Remove model.batch_norm.")
 
 
 @dataclass

@@ -178,7 +178,7 @@ def test_transformer_output_does_not_depend_on_trailing_padding():
 @pytest.mark.parametrize("name, shape, vocab, message", [
     ("fasttext", (1, 28, 28), None, "model.name=fasttext cannot take the data's images or vectors"),
     ("mlp", (200,), 100, "model.name=mlp cannot take the data's token ids (text); use model.name=fasttext or "
-                         "transformer"),
+                         "lstm or transformer"),
 ])
 def test_a_model_for_the_other_kind_of_input_is_refused(name, shape, vocab, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

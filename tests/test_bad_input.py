@@ -64,6 +64,12 @@ def config_json(root, **changes):
     path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
 
 
+def prose(tmp_path):
+    path = tmp_path / "prose.txt"
+    path.write_text("It was the best of times,\nit was the worst of times.\n")
+    return path
+
+
 CASES = {
     "malformed YAML": (malformed_yaml, "bad.yaml is not valid YAML at line 5, column 5: expected ',' or ']', but got ':'. Fix the file"),
     "unknown key": (lambda t: ["--config", QUICKSTART, "federation.roundz=3"],
@@ -75,10 +81,10 @@ CASES = {
     "unknown method": (lambda t: ["--config", QUICKSTART, "method.name=fedrox"],
                        f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(METHODS))}."),
     "unknown model": (lambda t: ["--config", QUICKSTART, "model.name=vgg16"],
-                      "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer; got 'vgg16'."),
+                      "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer, lstm; got 'vgg16'."),
     "unknown data set": (lambda t: ["--config", QUICKSTART, "data.source=imagenet"],
                          "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, cifar100, "
-                         "pfllib, imagefolder, agnews; got 'imagenet'."),
+                         "pfllib, imagefolder, agnews, shakespeare; got 'imagenet'."),
     "data root missing offline": (lambda t: ["--config", QUICKSTART, "data.source=mnist", f"data.root={t / 'none'}"],
                                   "The MNIST data set is not in {t}/none and data.download is false."),
     "config.json disagrees": (lambda t: pfllib(t, lambda r: config_json(r, **{SIZES: [[[0, 9]], [[0, 2]]]})),
@@ -101,6 +107,9 @@ CASES = {
         "Image {t}/images/test/b/0.png cannot be read"),
     "AG News row with an unknown class": (lambda t: agnews(t, '"2","a","b"\n"7","a","b"\n'),
                                           "{t}/ag_news/train.csv, line 2: class '7' is not one of 1, 2, 3, 4"),
+    "play text without speaker headings": (
+        lambda t: ["--config", QUICKSTART, "data.source=shakespeare", f"data.root={prose(t)}", "model.name=lstm"],
+        "{t}/prose.txt has no speaker headings. data.source=shakespeare needs a play text"),
     "resume a directory that is not a run": (lambda t: ["--resume", str(t)],
                                              "{t} is not a plfl run directory (it has no config.yaml)"),
 }

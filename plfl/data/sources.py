@@ -344,6 +344,8 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
         )
 
 
+from plfl.data.shakespeare import load_shakespeare  # noqa: E402  (imported here: it builds ClientData)
+
 # Readers by ``data.source`` (the names ``plfl.config.DATA_SOURCES`` accepts). A pooled reader returns
 # (x, y, number of classes) for the partitioner; a client-split reader returns the clients as its files
 # define them. Each takes the DataConfig and raises DataError naming the file and the fix.
@@ -356,4 +358,7 @@ POOLED_READERS: dict[str, Callable[[DataConfig], tuple[Any, torch.Tensor, int]]]
 POOLED_ENCODERS: dict[str, Callable[[DataConfig, Any, np.ndarray], tuple[torch.Tensor, int]]] = {
     "agnews": _token_ids,
 }
-CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {"pfllib": _load_pfllib}
+CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {
+    "pfllib": _load_pfllib,
+    "shakespeare": load_shakespeare,
+}

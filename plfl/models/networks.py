@@ -1,4 +1,5 @@
-"""The model zoo: 4-layer CNN (FedAvg/PFLlib), LeNet-5, MLP, ResNet-18; fastText and a small Transformer for text.
+"""The model zoo: 4-layer CNN (FedAvg/PFLlib), LeNet-5, MLP, ResNet-18; fastText and a small Transformer for
+text; LEAF's character LSTM.
 
 Every model is a :class:`BodyHeadModel`: ``body`` maps an input batch to a
 feature vector, ``head`` is the last classifier layer. Models take their
@@ -185,7 +186,7 @@ def transformer(vocab_size: int, input_shape: tuple[int, ...], num_classes: int,
     return BodyHeadModel(body, nn.Linear(embedding_dim, num_classes))
 
 
-TEXT_MODELS = ("fasttext", "transformer")  # take token ids and need the data's vocab_size
+TEXT_MODELS = ("fasttext", "transformer", "lstm")  # take token ids and need the data's vocab_size
 
 # model.name → builder(input_shape, num_classes, options); options: the ModelConfig keys
 # (hidden_sizes, batch_norm, ...) and the data's vocab_size (None for images).
@@ -194,9 +195,11 @@ MODELS: dict[str, Callable[..., BodyHeadModel]] = {
     "mlp": lambda shape, classes, o: mlp(shape, classes, list(o.get("hidden_sizes", [200])), o.get("batch_norm", False)),
     "resnet18": lambda shape, classes, o: resnet(shape, classes),
     "lenet5": lambda shape, classes, o: lenet5(shape, classes, o.get("batch_norm", False)),
-    "fasttext": lambda shape, classes, o: fasttext(o["vocab_size"], classes, o.get("embedding_dim", 32)),
+    "fasttext": lambda shape, classes, o: fasttext(o["vocab_size"], classes, o.get("embedding_dim") or 32),
     "transformer": lambda shape, classes, o: transformer(
-        o["vocab_size"], shape, classes, o.get("embedding_dim", 32), o.get("num_layers", 2), o.get("num_heads", 2)),
+        o["vocab_size"], shape, classes, o.get("embedding_dim") or 32, o.get("num_layers", 2), o.get("num_heads", 2)),
+    "lstm": lambda shape, classes, o: lstm(shape, classes, o.get("vocab_size"), o.get("embedding_dim") or 8,
+                                           o.get("hidden_dim", 256)),
 }
 
 
@@ -219,6 +222,29 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidde
         raise ConfigError(f"model.name={name} cannot take the data's {given}; use model.name="
                           f"{' or '.join(sorted(use))}.")
     return MODELS[name](input_shape, num_classes, {"hidden_sizes": hidden_sizes, "batch_norm": batch_norm, **options})
+
+
+class LastStepLSTM(nn.Module):
+    """Embedding → stacked LSTM → the last time step's output: (B, L) int64 ids → (B, hidden_dim)."""
+
+    def __init__(self, vocab_size: int, embedding_dim: int, hidden_dim: int, num_layers: int = 2):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.lstm = nn.LSTM(embedding_dim, hidden_dim, num_layers, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outputs, _ = self.lstm(self.embedding(x))
+        return outputs[:, -1]
+
+
+def lstm(input_shape: tuple[int, ...], num_classes: int, vocab_size: int, embedding_dim: int = 8,
+         hidden_dim: int = 256) -> BodyHeadModel:
+    """LEAF's Shakespeare model (Caldas et al., arXiv:1812.01097, ``models/shakespeare/stacked_lstm.py``; the
+    FedAvg paper's character LSTM): embedding 8 → 2-layer LSTM 256 → Linear classes on the last time step.
+
+    Inputs are int64 token ids ``(B, L)`` in ``[0, vocab_size)``; no id is treated as padding.
+    """
+    return BodyHeadModel(LastStepLSTM(vocab_size, embedding_dim, hidden_dim), nn.Linear(hidden_dim, num_classes))
 
 
 def _image_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int, int]:
