@@ -22,7 +22,7 @@ from plfl.errors import ConfigError, PlflError
 from plfl.fields import checked, one_of
 from plfl.methods import method_schema
 
-DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib")
+DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib", "leaf")
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
@@ -35,7 +35,8 @@ class DataConfig:
     Raises:
         ConfigError: a key that the other keys make meaningless has a non-default
             value: ``repartition`` for a source other than ``pfllib``, a partition
-            key for ``pfllib`` without ``repartition``, or a key the chosen
+            key for ``pfllib`` without ``repartition`` or for ``leaf``, ``image_shape``
+            or ``num_classes`` for a source other than ``leaf``, or a key the chosen
             ``partition`` does not read (``beta`` with ``partition=classes``).
     """
 
@@ -64,6 +65,11 @@ class DataConfig:
     max_retries: int = checked(100, lambda v: v >= 1, "an integer >= 1")
     # torchvision sources only; there is no network here, so it stays off by default.
     download: bool = False
+    # ``leaf``: the shape each flat x row is reshaped to, (C, H, W); required for image data ([1, 28, 28]: FEMNIST).
+    image_shape: Optional[list[int]] = checked(None, lambda v: v is None or (len(v) > 0 and min(v) >= 1),
+                                               "null or a non-empty list of integers >= 1")
+    # ``leaf``: the number of classes; null: the largest label of both splits + 1 (state it when classes may be absent).
+    num_classes: Optional[int] = checked(None, lambda v: v is None or v >= 2, "null or an integer >= 2")
 
     def __post_init__(self) -> None:
         # Keys that only partitioning reads, with the partitions that read them (empty: all of them).
@@ -75,8 +81,16 @@ class DataConfig:
         if self.repartition and self.source != "pfllib":
             raise ConfigError(f"data.repartition=true applies only to data.source=pfllib; data.source={self.source} "
                               "is always partitioned by data.partition. Remove data.repartition.")
+        for key in ("image_shape", "num_classes"):
+            if getattr(self, key) is not None and self.source != "leaf":
+                raise ConfigError(f"data.{key} is read only by data.source=leaf, not by data.source={self.source}. "
+                                  f"Remove data.{key}.")
         changed = [f.name for f in dataclasses.fields(self)
                    if f.name in partition_keys and getattr(self, f.name) != f.default]
+        if self.source == "leaf" and changed:
+            key = changed[0]
+            raise ConfigError(f"data.{key}={getattr(self, key)} has no effect: data.source=leaf keeps the users (one "
+                              f"client each) and train/test splits of its files. Remove data.{key}.")
         if self.source == "pfllib" and not self.repartition and changed:
             key = changed[0]
             raise ConfigError(f"data.{key}={getattr(self, key)} has no effect: data.source=pfllib keeps the clients "

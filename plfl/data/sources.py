@@ -326,4 +326,7 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
 POOLED_READERS: dict[str, Callable[[DataConfig], tuple[torch.Tensor, torch.Tensor, int]]] = {
     "digits": _load_digits, **{source: _load_torchvision for source in _TORCHVISION},
 }
-CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {"pfllib": _load_pfllib}
+# Imported here, not at the top: the reader modules import ClientData and FederatedData from this module.
+from plfl.data.leaf import load_leaf  # noqa: E402
+
+CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {"pfllib": _load_pfllib, "leaf": load_leaf}
