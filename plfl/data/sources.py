@@ -71,7 +71,8 @@ def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
     takes clients and splits from its files, or with ``cfg.repartition`` pools
     every client's train and test samples and partitions them the same way.
 
-    Images are float32 ``(C, H, W)``: ``digits`` in [0, 1], the others in
+    Images are float32 ``(C, H, W)``: ``digits`` in [0, 1], ``leaf`` as its
+    files store them (FEMNIST: [0, 1], 1.0 = white background), the others in
     [-1, 1] (``(x/255 - 0.5) / 0.5``, as PFLlib normalises).
 
     Raises:
