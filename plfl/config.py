@@ -23,7 +23,7 @@ from plfl.fields import checked, one_of
 from plfl.methods import method_schema
 
 DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib", "imagefolder", "agnews",
-                "shakespeare")
+                "shakespeare", "leaf")
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
@@ -35,9 +35,9 @@ class DataConfig:
 
     Raises:
         ConfigError: a key that the other keys make meaningless has a non-default
-            value: a source's own key (``cache_dir``, ``vocab_size``) with another source,
-            ``repartition`` for a source other than ``pfllib``, a partition
-            key for ``pfllib`` without ``repartition``, or a key the chosen
+            value: a source's own key (``cache_dir``, ``vocab_size``, ``image_shape`` ...) with another
+            source, ``repartition`` for a source other than ``pfllib``, a partition
+            key for ``pfllib`` without ``repartition`` or for ``leaf``, or a key the chosen
             ``partition`` does not read (``beta`` with ``partition=classes``).
     """
 
@@ -80,6 +80,11 @@ class DataConfig:
     # shakespeare: a speaking role needs this many characters (= samples) to be a client; >= 400 leaves every
     # client a test window after LEAF's 79-window gap. 10,000 gives 36 clients on tiny Shakespeare.
     min_chars: int = checked(10_000, lambda v: v >= 400, "an integer >= 400")
+    # ``leaf``: the shape each flat x row is reshaped to, (C, H, W); required for image data ([1, 28, 28]: FEMNIST).
+    image_shape: Optional[list[int]] = checked(None, lambda v: v is None or (len(v) > 0 and min(v) >= 1),
+                                               "null or a non-empty list of integers >= 1")
+    # ``leaf``: the number of classes; null: the largest label of both splits + 1 (state it when classes may be absent).
+    num_classes: Optional[int] = checked(None, lambda v: v is None or v >= 2, "null or an integer >= 2")
 
     def __post_init__(self) -> None:
         # Keys that only partitioning reads, with the partitions that read them (empty: all of them).
@@ -89,8 +94,9 @@ class DataConfig:
             "dominant_classes": ("dominant",), "dominant_fraction": ("dominant",),
         }
         # Keys that only some sources read.
-        source_keys = {"cache_dir": ("imagefolder",), "train_file": ("agnews",), "test_file": ("agnews",), "vocab_size": ("agnews",),
-                       "max_length": ("agnews",)}
+        source_keys = {"cache_dir": ("imagefolder",), "train_file": ("agnews",), "test_file": ("agnews",),
+                       "vocab_size": ("agnews",), "max_length": ("agnews",), "min_chars": ("shakespeare",),
+                       "image_shape": ("leaf",), "num_classes": ("leaf",)}
         for f in dataclasses.fields(self):
             readers = source_keys.get(f.name)
             if readers and self.source not in readers and getattr(self, f.name) != f.default:
@@ -99,11 +105,12 @@ class DataConfig:
         if self.repartition and self.source != "pfllib":
             raise ConfigError(f"data.repartition=true applies only to data.source=pfllib; data.source={self.source} "
                               "is always partitioned by data.partition. Remove data.repartition.")
-        if self.min_chars != 10_000 and self.source != "shakespeare":
-            raise ConfigError(f"data.min_chars={self.min_chars} is read only by data.source=shakespeare, not by "
-                              f"data.source={self.source}. Remove data.min_chars.")
         changed = [f.name for f in dataclasses.fields(self)
                    if f.name in partition_keys and getattr(self, f.name) != f.default]
+        if self.source == "leaf" and changed:
+            key = changed[0]
+            raise ConfigError(f"data.{key}={getattr(self, key)} has no effect: data.source=leaf keeps the users (one "
+                              f"client each) and train/test splits of its files. Remove data.{key}.")
         if self.source == "pfllib" and not self.repartition and changed:
             key = changed[0]
             raise ConfigError(f"data.{key}={getattr(self, key)} has no effect: data.source=pfllib keeps the clients "

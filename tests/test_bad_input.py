@@ -84,7 +84,7 @@ CASES = {
                       "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer, lstm; got 'vgg16'."),
     "unknown data set": (lambda t: ["--config", QUICKSTART, "data.source=imagenet"],
                          "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, cifar100, "
-                         "pfllib, imagefolder, agnews, shakespeare; got 'imagenet'."),
+                         "pfllib, imagefolder, agnews, shakespeare, leaf; got 'imagenet'."),
     "data root missing offline": (lambda t: ["--config", QUICKSTART, "data.source=mnist", f"data.root={t / 'none'}"],
                                   "The MNIST data set is not in {t}/none and data.download is false."),
     "config.json disagrees": (lambda t: pfllib(t, lambda r: config_json(r, **{SIZES: [[[0, 9]], [[0, 2]]]})),

@@ -36,7 +36,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
     ("federation.lr=0", "Config key 'federation.lr' must be a number > 0; got 0.0."),
     ("method.s=0", "Config key 'method.s' must be a percentage in (0, 100]; got 0.0."),
     ("data.source=imagenet", "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, "
-                             "cifar100, pfllib, imagefolder, agnews, shakespeare; got 'imagenet'."),
+                             "cifar100, pfllib, imagefolder, agnews, shakespeare, leaf; got 'imagenet'."),
     ("model.name=vgg", "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer, lstm; got 'vgg'."),
     ("method.name=fedrox", f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(METHODS))}."),
     ("federation.rounds", "Override 'federation.rounds' is not of the form key=value"),

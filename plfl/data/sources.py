@@ -75,7 +75,8 @@ def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
     takes clients and splits from its files, or with ``cfg.repartition`` pools
     every client's train and test samples and partitions them the same way.
 
-    Images are float32 ``(C, H, W)``: ``digits`` in [0, 1], ``imagefolder``
+    Images are float32 ``(C, H, W)``: ``digits`` in [0, 1], ``leaf`` as its
+    files store them (FEMNIST: [0, 1], 1.0 = white background), ``imagefolder``
     normalised per channel over the pool (:func:`plfl.data.imagefolder.load_image_folder`),
     the others in [-1, 1] (``(x/255 - 0.5) / 0.5``, as PFLlib normalises).
     Texts (``agnews``) are int64 token ids ``(data.max_length,)``, 0 the padding,
@@ -344,7 +345,9 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
         )
 
 
-from plfl.data.shakespeare import load_shakespeare  # noqa: E402  (imported here: it builds ClientData)
+# Imported here, not at the top: these readers build ClientData and FederatedData from this module.
+from plfl.data.leaf import load_leaf  # noqa: E402
+from plfl.data.shakespeare import load_shakespeare  # noqa: E402
 
 # Readers by ``data.source`` (the names ``plfl.config.DATA_SOURCES`` accepts). A pooled reader returns
 # (x, y, number of classes) for the partitioner; a client-split reader returns the clients as its files
@@ -361,4 +364,5 @@ POOLED_ENCODERS: dict[str, Callable[[DataConfig, Any, np.ndarray], tuple[torch.T
 CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {
     "pfllib": _load_pfllib,
     "shakespeare": load_shakespeare,
+    "leaf": load_leaf,
 }
