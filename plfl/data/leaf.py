@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from plfl.config import DataConfig
-from plfl.data.sources import ClientData, FederatedData
+from plfl.data.federated import ClientData, FederatedData
 from plfl.errors import DataError
 
 REGENERATE = "Regenerate the files with LEAF's preprocess.sh or restore the originals."

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from plfl.config import DataConfig
-from plfl.data.sources import ClientData, FederatedData
+from plfl.data.federated import ClientData, FederatedData
 from plfl.errors import DataError
 
 ALL_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -26,44 +25,16 @@ from plfl.data.partition import (
     pathological_partition,
     split_train_test,
 )
-from plfl.data.imagefolder import load_image_folder
 from plfl.data.agnews import read_agnews
+from plfl.data.federated import ClientData, FederatedData
+from plfl.data.imagefolder import load_image_folder
+from plfl.data.leaf import load_leaf
 from plfl.data.safe_npz import load_npz_dict
+from plfl.data.shakespeare import load_shakespeare
 from plfl.data.text import encode, train_tokenizer
 from plfl.errors import DataError
 
 SIZES_KEY = "Size of samples for labels in clients"
-
-
-@dataclass
-class ClientData:
-    """One client's tensors: ``x_*`` float32 ``(n, *input_shape)`` (images) or int64 token ids ``(n, L)``
-    (text), ``y_*`` int64 ``(n,)``."""
-
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-
-    @property
-    def num_train(self) -> int:
-        return len(self.y_train)
-
-    @property
-    def num_test(self) -> int:
-        return len(self.y_test)
-
-
-@dataclass
-class FederatedData:
-    """All clients of one data set; ``clients[i]`` is client ``i``."""
-
-    name: str
-    clients: list[ClientData]
-    num_classes: int
-    input_shape: tuple[int, ...]
-    # Token-id inputs (text): x holds int64 ids in [0, vocab_size), 0 the padding id; None for images.
-    vocab_size: Optional[int] = None
 
 
 def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
@@ -345,9 +316,6 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
         )
 
 
-# Imported here, not at the top: these readers build ClientData and FederatedData from this module.
-from plfl.data.leaf import load_leaf  # noqa: E402
-from plfl.data.shakespeare import load_shakespeare  # noqa: E402
 
 # Readers by ``data.source`` (the names ``plfl.config.DATA_SOURCES`` accepts). A pooled reader returns
 # (x, y, number of classes) for the partitioner; a client-split reader returns the clients as its files
