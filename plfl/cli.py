@@ -184,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    # argparse fills every positional at its first one, so `sweep X.yaml --count 3 a=b` leaves a=b over.
-    if extra and args.command == "sweep" and not any(e.startswith("-") for e in extra):
+    # argparse fills every positional at its first one, so `sweep X.yaml --count 3 a=b` (or `fit a=b --seeds 1,2
+    # c=d`) leaves the later overrides over.
+    if extra and args.command in ("fit", "sweep") and not any(e.startswith("-") for e in extra):
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

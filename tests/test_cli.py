@@ -40,6 +40,12 @@ def test_print_config_shows_the_resolved_config():
     assert str((ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1").resolve()) in out.stdout  # absolute
 
 
+def test_overrides_may_stand_on_both_sides_of_an_option():
+    out = plfl("fit", "--config", "configs/fedala.yaml", "federation.rounds=7", "--print-config", "federation.lr=0.25")
+    assert out.returncode == 0, out.stderr
+    assert "  rounds: 7" in out.stdout and "  lr: 0.25" in out.stdout
+
+
 def test_bad_input_exits_nonzero_with_one_paragraph_and_no_traceback(tmp_path):
     out = plfl("fit", "--config", "configs/quickstart.yaml", "federation.join_ratio=0", f"output_dir={tmp_path}")
     assert out.returncode == 2
