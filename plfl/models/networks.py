@@ -52,20 +52,31 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = False
     with ``batch_norm`` a BatchNorm before each ReLU. The flattened dimension is 1024 on 28×28
     inputs and 1600 on 32×32.
     """
-    channels, height, width = _image_shape(input_shape, "cnn")
+    convs, features = conv_stages(input_shape, "cnn", (32, 64), batch_norm)
+    body = nn.Sequential(*convs, *normalized_relu(nn.Linear(features, 512), 512, batch_norm))
+    return BodyHeadModel(body, nn.Linear(512, num_classes))
+
+
+def conv_stages(input_shape: tuple[int, ...], name: str, widths: tuple[int, int],
+                batch_norm: bool) -> tuple[list[nn.Module], int]:
+    """Two stages conv5×5 → (BatchNorm2d) → ReLU → maxpool2 of ``widths`` output channels, then a
+    flatten, for (C, H, W) inputs; returns the layers and the flattened feature count.
+
+    Raises:
+        ConfigError: images smaller than 16×16 (nothing left after the two stages).
+    """
+    channels, height, width = _image_shape(input_shape, name)
     conv_out = lambda s: ((s - 4) // 2 - 4) // 2  # noqa: E731  two (valid conv5, pool2) stages
     if conv_out(height) < 1 or conv_out(width) < 1:
         raise ConfigError(
-            f"model.name=cnn needs images of at least 16×16 pixels; the data are {height}×{width}. "
+            f"model.name={name} needs images of at least 16×16 pixels; the data are {height}×{width}. "
             "Use model.name=mlp for small inputs such as digits."
         )
-    body = nn.Sequential(
-        *normalized_relu(nn.Conv2d(channels, 32, kernel_size=5), 32, batch_norm), nn.MaxPool2d(2),
-        *normalized_relu(nn.Conv2d(32, 64, kernel_size=5), 64, batch_norm), nn.MaxPool2d(2),
-        nn.Flatten(),
-        *normalized_relu(nn.Linear(64 * conv_out(height) * conv_out(width), 512), 512, batch_norm),
-    )
-    return BodyHeadModel(body, nn.Linear(512, num_classes))
+    first, second = widths
+    layers = [*normalized_relu(nn.Conv2d(channels, first, kernel_size=5), first, batch_norm), nn.MaxPool2d(2),
+              *normalized_relu(nn.Conv2d(first, second, kernel_size=5), second, batch_norm), nn.MaxPool2d(2),
+              nn.Flatten()]
+    return layers, second * conv_out(height) * conv_out(width)
 
 
 def lenet5(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = False) -> BodyHeadModel:
@@ -76,20 +87,9 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = Fa
     replace the paper's scaled tanh and trainable subsampling; the paper's sparse C3 connections are
     full. The flattened dimension is 400 on 32×32 inputs (the paper's size) and 256 on 28×28.
     """
-    channels, height, width = _image_shape(input_shape, "lenet5")
-    conv_out = lambda s: ((s - 4) // 2 - 4) // 2  # noqa: E731  two (valid conv5, pool2) stages
-    if conv_out(height) < 1 or conv_out(width) < 1:
-        raise ConfigError(
-            f"model.name=lenet5 needs images of at least 16×16 pixels; the data are {height}×{width}. "
-            "Use model.name=mlp for small inputs such as digits."
-        )
-    body = nn.Sequential(
-        *normalized_relu(nn.Conv2d(channels, 6, kernel_size=5), 6, batch_norm), nn.MaxPool2d(2),
-        *normalized_relu(nn.Conv2d(6, 16, kernel_size=5), 16, batch_norm), nn.MaxPool2d(2),
-        nn.Flatten(),
-        *normalized_relu(nn.Linear(16 * conv_out(height) * conv_out(width), 120), 120, batch_norm),
-        *normalized_relu(nn.Linear(120, 84), 84, batch_norm),
-    )
+    convs, features = conv_stages(input_shape, "lenet5", (6, 16), batch_norm)
+    body = nn.Sequential(*convs, *normalized_relu(nn.Linear(features, 120), 120, batch_norm),
+                         *normalized_relu(nn.Linear(120, 84), 84, batch_norm))
     return BodyHeadModel(body, nn.Linear(84, num_classes))
 
 
