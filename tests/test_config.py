@@ -45,6 +45,22 @@ def test_config_errors_name_the_key_and_the_fix(override, message):
     assert message in error_of(override)
 
 
+@pytest.mark.parametrize("config, override, message", [
+    ("fedavgm", "method.server_momentum=1", "Config key 'method.server_momentum' must be a number in [0, 1); got 1.0."),
+    ("fedavgm", "method.server_momentum=-0.1",
+     "Config key 'method.server_momentum' must be a number in [0, 1); got -0.1."),
+    ("fedavgm", "method.server_lr=0", "Config key 'method.server_lr' must be a number > 0; got 0.0."),
+    ("fedprox", "method.mu=-0.1", "Config key 'method.mu' must be a number >= 0; got -0.1."),
+    ("ditto", "method.lam=-1", "Config key 'method.lam' must be a number >= 0; got -1.0."),
+    ("ditto", "method.personal_epochs=0", "Config key 'method.personal_epochs' must be an integer >= 1; got 0."),
+    ("perfedavg", "method.variant=so", "must be one of fo, hf"),
+    ("perfedavg", "method.alpha=0", "must be null or a number > 0"),
+    ("perfedavg", "method.ala.s=50", "method.ala"),
+])
+def test_a_methods_own_bad_keys_are_refused(config, override, message):
+    assert message in error_of(override, path=ROOT / "configs" / f"{config}.yaml")
+
+
 def test_malformed_yaml_gives_the_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("data:\n  source: digits\nfederation:\n  rounds: [1, 2\n  lr: 0.1\n")

@@ -1,8 +1,7 @@
-"""Ditto: the personal step's pull λ(v − w), the uploaded global copy, what is evaluated, its keys."""
+"""Ditto: the personal step's pull λ(v − w), the uploaded global copy and what is evaluated."""
 
 from pathlib import Path
 
-import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -10,7 +9,6 @@ from torch.func import functional_call
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.client import batch_loader
 from plfl.config import load_config
-from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
 from plfl.methods.ditto import Ditto
@@ -77,16 +75,6 @@ def test_global_model_is_fedavgs_bit_for_bit(digits_config):
     last = dict(zip(header, rows[-1]))
     assert float(last["accuracy"]) > 0.3  # 10 classes: chance is 0.1 (measured 0.50 personal, 0.26 global)
     assert float(last["accuracy"]) != float(last["global_accuracy"])
-
-
-@pytest.mark.parametrize("override, message", [
-    ("method.lam=-1", "Config key 'method.lam' must be a number >= 0; got -1.0."),
-    ("method.personal_epochs=0", "Config key 'method.personal_epochs' must be an integer >= 1; got 0."),
-])
-def test_bad_keys_are_refused_by_the_config(override, message):
-    with pytest.raises(ConfigError) as info:
-        load_config(CONFIG, [override])
-    assert message in str(info.value)
 
 
 def test_config_is_fedalas_mnist_federation():
