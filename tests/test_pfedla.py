@@ -18,9 +18,9 @@ from plfl.federation import FederationLoop
 from plfl.methods import method_schema
 from plfl.methods.base import FederationContext, nbytes
 from plfl.methods.pfedla import (
-    HeurpFedLA, LayerWeightNet, PFedLA, layer_groups, mix, normalized,
+    HeurpFedLA, LayerWeightNet, PFedLA, hypernetwork_optimizer, layer_groups, mix, normalized,
 )
-from plfl.methods.schemas import HeurpFedLAConfig
+from plfl.methods.schemas import HeurpFedLAConfig, PFedLAConfig
 from plfl.models import BodyHeadModel, build_model
 from plfl.state import ClientStateStore
 
@@ -186,6 +186,44 @@ def test_fig5_weights_order_same_over_similar_over_different_clients():
     same, similar, others = target[1], target[2], target[3:].max()
     assert same > similar > others
     assert target[0] > 2 / 8 and others < 0.5 / 8  # far from the uniform 1/8 after 10 rounds (measured: .46, .001)
+
+
+def test_weights_stay_above_the_bound_and_clients_with_the_same_data_share_the_top_weight():
+    method, context = make_method(fig5_federation(), rounds=30, eval_every=30)
+    run_loop(method, context)
+    weights = method.weights()  # (i, l, j)
+    floor = torch.exp(torch.tensor(-2 * method.config.logit_bound))
+    assert (weights >= floor * weights.max(dim=2, keepdim=True).values * 0.999).all()  # none one-hot, none at 0
+    target = weights[0].mean(dim=0)
+    assert abs(target[0] - target[1]) < 0.05 and target[1] > 0.4  # self and the same-data client (measured .49, .49)
+    assert target[2:].max() < 0.05  # a client sharing 3 of 4 classes fell away by round 30 (measured .001)
+
+
+def steps_until_weight_recovers(weight_decay: float) -> int:
+    """Pull every layer's weight onto client 1 for 30 steps, then onto client 2: steps until client 2's is largest."""
+    torch.manual_seed(0)
+    hypernetwork = LayerWeightNet(0, 5, 2, embedding_dim=100, hidden_dim=100)
+    optimizer = hypernetwork_optimizer(hypernetwork, PFedLAConfig(hn_weight_decay=weight_decay))
+
+    def step(target: int) -> None:
+        optimizer.zero_grad()
+        (-hypernetwork()[:, target].log().sum()).backward()
+        optimizer.step()
+
+    for _ in range(30):
+        step(1)
+    assert hypernetwork()[:, 2].max() < 0.01  # at the floor
+    for steps in range(1, 101):
+        step(2)
+        alpha = hypernetwork()
+        if torch.equal(alpha.argmax(dim=1), torch.tensor([2, 2])):
+            return steps
+    return 101
+
+
+def test_a_weight_at_the_floor_grows_back_when_its_gradient_turns():
+    assert steps_until_weight_recovers(PFedLAConfig().hn_weight_decay) <= 5  # measured 2
+    assert steps_until_weight_recovers(0.0) > 50  # without the decay the outputs ran past the bound (measured > 200)
 
 
 def test_no_hypernetwork_step_while_every_stored_model_is_the_initial_one(tiny_federation):

@@ -25,10 +25,22 @@ or its literal form does not learn (measured; README, "pFedLA"):
   start), so a self-weight moved 0.0499 → 0.0500 in 10 MNIST rounds; any
   fixed SGD step would need tuning per model and data set. Adam's step does
   not depend on the gradient's scale.
-- α = softmax of the heads' outputs (``method.activation``), which start at
-  zero, so α starts uniform. The paper's ReLU / row sum (``relu``) leaves a
-  weight whose output turns negative at exactly 0 with no gradient: with
-  steps that move α, over half of all weights died within 10 rounds.
+- α = softmax of the heads' outputs o bounded by R·tanh(o/R) (``method.activation``,
+  ``method.logit_bound`` R = 3); the outputs start at zero, so α starts uniform.
+  The paper's ReLU / row sum (``relu``) leaves a weight whose output turns
+  negative at exactly 0 with no gradient: with steps that move α, over half
+  of all weights died within 10 rounds. An unbounded softmax goes one-hot
+  instead: Adam keeps its step while a weight's gradient shrinks, so on MNIST
+  every client took its fc and head from itself alone and its first conv from
+  one other client by round 20, and in the Fig.-5 federation every weight
+  but the self-weight was 0.000 by round 30. With the bound, no weight falls
+  below e^(-2R) times the largest of its row, and clients with the same data
+  share the top weight (Fig. 5 federation, round 40: self .49, same .49).
+- Decoupled weight decay of the heads (``method.hn_weight_decay`` 100, AdamW):
+  without it the outputs run on past the bound, where tanh's gradient
+  vanishes, and a weight at the floor whose gradient turns needed over 200
+  steps to become its row's largest again; with it, 2
+  (``test_a_weight_at_the_floor_grows_back_when_its_gradient_turns``).
 - No step while every stored θ_j is still the initial model: θ̄_i then does
   not depend on α_i, and the gradient is rounding noise that Adam would
   scale up into a full step.
@@ -74,14 +86,16 @@ class LayerWeightNet(nn.Module):
     ``forward()`` returns α_i, shape (L, N), each layer's row a distribution over
     the clients (Eq. 3): ``activation="relu"`` is the paper's ReLU divided by
     the row sum (a row that is all zero falls back to the one-hot weight on
-    client i itself); ``"softmax"`` is plfl's default (see the module docstring).
+    client i itself); ``"softmax"``, plfl's default, is the softmax of the
+    outputs bounded to (−R, R) by R·tanh(·/R), R = ``logit_bound`` (see the module docstring).
     """
 
     def __init__(self, client_id: int, num_clients: int, num_layers: int, embedding_dim: int, hidden_dim: int,
-                 activation: str = "softmax"):
+                 activation: str = "softmax", logit_bound: float = 3.0):
         super().__init__()
         self.shape = (num_layers, num_clients)
         self.activation = activation
+        self.logit_bound = logit_bound
         self.embedding = nn.Parameter(torch.randn(embedding_dim))  # v_i, N(0, 1) as nn.Embedding
         self.trunk = nn.Sequential(
             nn.Linear(embedding_dim, hidden_dim), nn.ReLU(),
@@ -102,7 +116,10 @@ class LayerWeightNet(nn.Module):
 
     def forward(self) -> torch.Tensor:
         outputs = self.heads(self.trunk(self.embedding)).view(self.shape)
-        return outputs.softmax(dim=1) if self.activation == "softmax" else normalized(outputs, self.own)
+        if self.activation == "relu":
+            return normalized(outputs, self.own)
+        bound = self.logit_bound
+        return (bound * torch.tanh(outputs / bound)).softmax(dim=1)
 
 
 def normalized(outputs: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
@@ -112,6 +129,14 @@ def normalized(outputs: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
     alive = total > 0
     # The denominator of dead rows is 1, not 0: torch.where would otherwise pass NaN gradients.
     return torch.where(alive, w / torch.where(alive, total, torch.ones_like(total)), own)
+
+
+def hypernetwork_optimizer(hypernetwork: LayerWeightNet, config: PFedLAConfig) -> torch.optim.Optimizer:
+    """Adam (decoupled weight decay: AdamW) or SGD over v_i and ψ_i; only the heads decay (``hn_weight_decay``)."""
+    groups = [{"params": [hypernetwork.embedding, *hypernetwork.trunk.parameters()], "weight_decay": 0.0},
+              {"params": list(hypernetwork.heads.parameters()), "weight_decay": config.hn_weight_decay}]
+    optimizer = torch.optim.AdamW if config.hn_optimizer == "adam" else torch.optim.SGD  # SGD: L2 = decoupled
+    return optimizer(groups, lr=config.hn_lr)
 
 
 @dataclass
@@ -142,11 +167,10 @@ class PFedLA(Method):
             torch.manual_seed(derive_seed(self.seed, 0, -1, HYPERNETWORK_INIT))
             self.hypernetworks = [
                 LayerWeightNet(i, num_clients, len(self.layers), config.embedding_dim, config.hidden_dim,
-                               config.activation)
+                               config.activation, config.logit_bound)
                 for i in range(num_clients)
             ]
-        optimizer = torch.optim.Adam if config.hn_optimizer == "adam" else torch.optim.SGD
-        self.optimizers = [optimizer(hn.parameters(), lr=config.hn_lr) for hn in self.hypernetworks]
+        self.optimizers = [hypernetwork_optimizer(hn, config) for hn in self.hypernetworks]
         self.trained_any = False  # whether some θ_j differs from the initial model (else α has no gradient)
         self.sent: list[Optional[Broadcast]] = [None] * num_clients
 

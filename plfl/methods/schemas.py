@@ -94,8 +94,14 @@ class PFedLAConfig(MethodConfig):
                               "width of the hypernetwork's three hidden layers")
     hn_optimizer: str = one_of("adam", ("adam", "sgd"), "optimiser of v_i and ψ_i on Eq. 10–11's loss")
     hn_lr: float = checked(0.003, lambda v: v > 0, "a number > 0", "β of Eq. 10–11: step size of v_i and ψ_i")
+    hn_weight_decay: float = checked(100.0, lambda v: v >= 0, "a number >= 0",
+                                     "decoupled weight decay of the output heads: each step shrinks them by "
+                                     "hn_lr × hn_weight_decay (0.3), keeping the logits near logit_bound")
     activation: str = one_of("softmax", ("softmax", "relu"),
                              "α from the hypernetwork's outputs: softmax, or the paper's ReLU / row sum (Eq. 3)")
+    logit_bound: float = checked(3.0, lambda v: v > 0, "a number > 0",
+                                 "R: softmax of R·tanh(output / R), so no weight is below e^(-2R) (1/403) "
+                                 "times the largest of its row")
     granularity: str = one_of("module", ("module", "tensor"),
                               "what one weight α_i^{l,j} covers: a module's parameters, or one tensor")
     weights_every: int = checked(10, lambda v: v >= 1, "an integer >= 1",
