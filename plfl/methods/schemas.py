@@ -236,3 +236,19 @@ class FedBNConfig(MethodConfig):
     """FedBN has no keys of its own; it needs a model with BatchNorm layers (``model.batch_norm``)."""
 
     name: str = "fedbn"
+
+
+@dataclass
+class FedAMPConfig(MethodConfig):
+    """FedAMP's keys (Huang et al., AAAI 2021, Eq. 6 and 8); defaults: PFLlib's (main.py). The client keeps
+    and trains its own model, so there is no ``method.ala``."""
+
+    name: str = "fedamp"
+    alpha_k: float = checked(1.0, lambda v: v > 0, "a number > 0",
+                             "α_K: step of the attentive message passing, ξ_ij = α_K e^(−‖w_i − w_j‖²/σ)/σ, and "
+                             "the proximal weight is λ/α_K (PFLlib's alphaK, 1.0)")
+    sigma: float = checked(1.0, lambda v: v > 0, "a number > 0",
+                           "σ: scale of the attention-inducing function A(x) = 1 − e^(−x/σ) (PFLlib's sigma, 1.0)")
+    lam: float = checked(1.0, lambda v: v >= 0, "a number >= 0",
+                         "λ: the client trains on F_i(w) + λ/(2α_K)‖w − u_i‖² (PFLlib's lamda, 1.0)")
+
