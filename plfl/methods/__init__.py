@@ -64,6 +64,8 @@ METHODS: dict[str, MethodEntry] = {
                          "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local"),
     "fedamp": MethodEntry(schemas.FedAMPConfig, "plfl.methods.fedamp:FedAMP",
                           "FedAMP (Huang et al., AAAI 2021): cloud models mixing all clients' models by similarity"),
+    "fedfomo": MethodEntry(schemas.FedFomoConfig, "plfl.methods.fedfomo:FedFomo",
+                           "FedFomo (Zhang et al., ICLR 2021): M downloaded models weighted by validation-loss gain"),
 }
 
 

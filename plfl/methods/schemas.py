@@ -252,3 +252,16 @@ class FedAMPConfig(MethodConfig):
     lam: float = checked(1.0, lambda v: v >= 0, "a number >= 0",
                          "λ: the client trains on F_i(w) + λ/(2α_K)‖w − u_i‖² (PFLlib's lamda, 1.0)")
 
+
+@dataclass
+class FedFomoConfig(MethodConfig):
+    """FedFomo's keys (Zhang et al., ICLR 2021, Sec. 3); defaults: PFLlib's. The client combines the
+    downloaded models itself before training, so there is no ``method.ala``."""
+
+    name: str = "fedfomo"
+    m: int = checked(5, lambda v: v >= 1, "an integer >= 1",
+                     "M: models of other clients each client downloads per round, those with the largest "
+                     "affinity P_in (PFLlib's -M, 5)")
+    val_ratio: float = checked(0.2, lambda v: 0 < v < 1, "a number in (0, 1)",
+                               "share of each client's training split held out to score the downloaded models; "
+                               "training uses the rest (PFLlib's clientfomo.py val_ratio, 0.2)")
