@@ -260,8 +260,9 @@ class FedFomoConfig(MethodConfig):
 
     name: str = "fedfomo"
     m: int = checked(5, lambda v: v >= 1, "an integer >= 1",
-                     "M: models of other clients each client downloads per round, those with the largest "
-                     "affinity P_in (PFLlib's -M, 5)")
+                     "M: models of other clients each client downloads per round, those of the largest "
+                     "affinity P_{i,n} (PFLlib's -M, 5)")
     val_ratio: float = checked(0.2, lambda v: 0 < v < 1, "a number in (0, 1)",
                                "share of each client's training split held out to score the downloaded models; "
                                "training uses the rest (PFLlib's clientfomo.py val_ratio, 0.2)")
+
