@@ -66,6 +66,8 @@ METHODS: dict[str, MethodEntry] = {
                           "FedAMP (Huang et al., AAAI 2021): cloud models mixing all clients' models by similarity"),
     "fedfomo": MethodEntry(schemas.FedFomoConfig, "plfl.methods.fedfomo:FedFomo",
                            "FedFomo (Zhang et al., ICLR 2021): M downloaded models weighted by validation-loss gain"),
+    "pfedhn": MethodEntry(schemas.PFedHNConfig, "plfl.methods.pfedhn:PFedHN",
+                          "pFedHN (Shamsian et al., ICML 2021): a server hypernetwork generates each client's model"),
 }
 
 

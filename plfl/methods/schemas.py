@@ -266,3 +266,27 @@ class FedFomoConfig(MethodConfig):
                                "share of each client's training split held out to score the downloaded models; "
                                "training uses the rest (PFLlib's clientfomo.py val_ratio, 0.2)")
 
+
+@dataclass
+class PFedHNConfig(MethodConfig):
+    """pFedHN's keys (Shamsian et al., ICML 2021, Alg. 1); PFLlib has no pFedHN: defaults from the authors'
+    code (AvivSham/pFedHN, experiments/pfedhn/trainer.py). The generated model is the client's local
+    initialisation, so there is no ``method.ala``."""
+
+    name: str = "pfedhn"
+    embedding_dim: Optional[int] = checked(None, lambda v: v is None or v >= 1, "null or an integer >= 1",
+                                           "size of each client's embedding v_i; null: int(1 + N/4), N clients "
+                                           "(the authors' --embed-dim -1)")
+    hidden_dim: int = checked(100, lambda v: v >= 1, "an integer >= 1",
+                              "width of the hypernetwork's MLP (the authors' --hyper-hid, 100)")
+    hidden_layers: int = checked(3, lambda v: v >= 0, "an integer >= 0",
+                                 "(ReLU, Linear) blocks after the MLP's first Linear (the authors' --n-hidden, 3)")
+    hn_lr: float = checked(0.01, lambda v: v > 0, "a number > 0",
+                           "SGD step size of φ and the embeddings (the authors' --lr, 0.01)")
+    hn_momentum: float = checked(0.9, lambda v: 0 <= v < 1, "a number in [0, 1)",
+                                 "momentum of that SGD (the authors' 0.9)")
+    hn_weight_decay: float = checked(1e-3, lambda v: v >= 0, "a number >= 0",
+                                     "weight decay of that SGD (the authors' --wd, 1e-3)")
+    max_grad_norm: Optional[float] = checked(50.0, lambda v: v is None or v > 0, "null or a number > 0",
+                                             "clip the hypernetwork's gradient to this 2-norm; null: no clipping "
+                                             "(the authors' 50)")
