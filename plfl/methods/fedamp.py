@@ -1,9 +1,9 @@
-"""FedAMP (Huang et al., AAAI 2021, arXiv:2007.03797): each client's cloud model is a similarity-weighted sum of all clients' models.
+"""FedAMP (Huang et al., AAAI 2021, arXiv:2007.03797): cloud models weighting all clients' models by similarity.
 
 The server keeps every client's latest uploaded model w_j and builds, for client i, the
 personalized cloud model (Eq. 6)
 
-    u_i = Σ_j ξ_{i,j} w_j,   ξ_{i,j} = α_K A'(‖w_i − w_j‖²) (j ≠ i),   ξ_{i,i} = 1 − Σ_{j≠i} ξ_{i,j},
+    u_i = Σ_j ξ_{i,j} w_j,  ξ_{i,j} = α_K A'(‖w_i − w_j‖²) (j ≠ i),  ξ_{i,i} = 1 − Σ_{j≠i} ξ_{i,j},
 
 with the attention-inducing function A(x) = 1 − e^{−x/σ}, so A'(x) = e^{−x/σ}/σ: the
 closer two models, the more they weigh in each other's cloud model (``attention_weights``,

@@ -1,4 +1,4 @@
-"""FedFomo (Zhang et al., ICLR 2021, arXiv:2012.08565): clients weight downloaded models by their loss improvement on a validation split.
+"""FedFomo (Zhang et al., ICLR 2021, arXiv:2012.08565): downloaded models weighted by their validation-loss gain.
 
 Client i holds out a validation split V_i of its training data. Each round it downloads
 M other clients' latest models θ_1..θ_M and, w_i its current model, computes (Sec. 3)

@@ -1,4 +1,4 @@
-"""pFedHN (Shamsian, Navon, Fetaya and Chechik, ICML 2021, arXiv:2103.04628): a server hypernetwork generates each client's model.
+"""pFedHN (Shamsian, Navon, Fetaya and Chechik, ICML 2021, arXiv:2103.04628): a hypernetwork generates clients' models.
 
 The server holds a hypernetwork h(v_i; φ) that maps client i's embedding v_i to the
 parameters of its whole model, θ_i = h(v_i; φ). Per client (Alg. 1): θ_i is sent, the client

@@ -245,10 +245,11 @@ class FedAMPConfig(MethodConfig):
 
     name: str = "fedamp"
     alpha_k: float = checked(1.0, lambda v: v > 0, "a number > 0",
-                             "α_K: step of the attentive message passing, ξ_ij = α_K e^(−‖w_i − w_j‖²/σ)/σ, and "
+                             "α_K: step of the attentive message passing, ξ_ij = α_K e^(−‖w_i − w_j‖²/σ)/σ; "
                              "the proximal weight is λ/α_K (PFLlib's alphaK, 1.0)")
     sigma: float = checked(1.0, lambda v: v > 0, "a number > 0",
-                           "σ: scale of the attention-inducing function A(x) = 1 − e^(−x/σ) (PFLlib's sigma, 1.0)")
+                           "σ: scale of the attention-inducing function A(x) = 1 − e^(−x/σ) "
+                           "(PFLlib's sigma, 1.0)")
     lam: float = checked(1.0, lambda v: v >= 0, "a number >= 0",
                          "λ: the client trains on F_i(w) + λ/(2α_K)‖w − u_i‖² (PFLlib's lamda, 1.0)")
 
