@@ -24,6 +24,8 @@ SAMPLING, LOCAL_TRAINING, ALA_SUBSET, POST_TRAINING, HYPERNETWORK_INIT, SHUFFLIN
 FINE_TUNING, PERSONAL_TRAINING, ADAPTATION, HEAD_TRAINING = range(6, 10)
 # Per-sample data augmentation within one training (drawn from that training's seed).
 AUGMENTATION = 10
+# A validation split held out of a client's training split once per run (FedFomo).
+VALIDATION_SPLIT = 11
 
 
 def derive_seed(seed: int, round_: int, client_id: int, stream: int) -> int:

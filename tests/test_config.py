@@ -56,6 +56,14 @@ def test_config_errors_name_the_key_and_the_fix(override, message):
     ("perfedavg", "method.variant=so", "must be one of fo, hf"),
     ("perfedavg", "method.alpha=0", "must be null or a number > 0"),
     ("perfedavg", "method.ala.s=50", "method.ala"),
+    ("fedamp", "method.sigma=0", "Config key 'method.sigma' must be a number > 0; got 0.0."),
+    ("fedamp", "method.alpha_k=-1", "Config key 'method.alpha_k' must be a number > 0; got -1.0."),
+    ("fedamp", "method.ala.s=50", "Unknown config key 'method.ala'"),
+    ("fedfomo", "method.m=0", "Config key 'method.m' must be an integer >= 1; got 0."),
+    ("fedfomo", "method.val_ratio=1", "Config key 'method.val_ratio' must be a number in (0, 1); got 1.0."),
+    ("pfedhn", "method.embedding_dim=0", "Config key 'method.embedding_dim' must be null or an integer >= 1; got 0."),
+    ("pfedhn", "method.hn_momentum=1", "Config key 'method.hn_momentum' must be a number in [0, 1); got 1.0."),
+    ("pfedhn", "method.max_grad_norm=0", "Config key 'method.max_grad_norm' must be null or a number > 0; got 0.0."),
 ])
 def test_a_methods_own_bad_keys_are_refused(config, override, message):
     assert message in error_of(override, path=ROOT / "configs" / f"{config}.yaml")

@@ -62,6 +62,12 @@ METHODS: dict[str, MethodEntry] = {
                             "LG-FedAvg (Liang et al., 2020): local bodies, averaged head"),
     "fedbn": MethodEntry(schemas.FedBNConfig, "plfl.methods.fedbn:FedBN",
                          "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local"),
+    "fedamp": MethodEntry(schemas.FedAMPConfig, "plfl.methods.fedamp:FedAMP",
+                          "FedAMP (Huang et al., AAAI 2021): cloud models mixing all clients' models by similarity"),
+    "fedfomo": MethodEntry(schemas.FedFomoConfig, "plfl.methods.fedfomo:FedFomo",
+                           "FedFomo (Zhang et al., ICLR 2021): M downloaded models weighted by validation-loss gain"),
+    "pfedhn": MethodEntry(schemas.PFedHNConfig, "plfl.methods.pfedhn:PFedHN",
+                          "pFedHN (Shamsian et al., ICML 2021): a server hypernetwork generates each client's model"),
 }
 
 

@@ -90,12 +90,18 @@ class Method:
                                     epochs=self.context.federation.local_epochs)
 
     def train_on_client(self, client_id: int, params: Params, round_: int, stream: int, **options: Any) -> TrainResult:
-        """``LocalTrainer.train`` from ``params`` on the client's training split, its batch order
+        """``LocalTrainer.train`` from ``params`` on :meth:`training_split`, its batch order
         drawn from (seed, round, client, ``stream``); ``options``: epochs or steps, and optionally
         trainable and proximal (see :meth:`plfl.client.LocalTrainer.train`)."""
-        data = self.context.data.clients[client_id]
+        x, y = self.training_split(client_id)
         seed = derive_seed(self.seed, round_, client_id, stream)
-        return self.context.local_trainer.train(params, data.x_train, data.y_train, seed=seed, **options)
+        return self.context.local_trainer.train(params, x, y, seed=seed, **options)
+
+    def training_split(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The (x, y) that :meth:`train_on_client` trains on: the client's whole training split,
+        unless a method holds part of it out (FedFomo's validation split)."""
+        data = self.context.data.clients[client_id]
+        return data.x_train, data.y_train
 
     def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult:
         """Adjust the trained model before upload (e.g. FedFTHA's head fine-tuning)."""

@@ -58,6 +58,7 @@ from torch import nn
 from plfl.client import TrainResult
 from plfl.errors import ConfigError
 from plfl.methods.base import FederationContext, Method
+from plfl.methods.hypernetwork import descend
 from plfl.methods.schemas import HeurpFedLAConfig, PFedLAConfig
 from plfl.seeding import HYPERNETWORK_INIT, derive_seed
 from plfl.state import Params
@@ -245,12 +246,8 @@ class PFedLA(Method):
                 targets += [trained[key] for key in keys]
         if not mixed:
             return
-        params = list(hypernetwork.parameters())
         # ∂(½‖θ̄ − θ^new‖²)/∂ψ = (∂θ̄/∂ψ)ᵀ (θ̄ − θ^new) = −(∂θ̄/∂ψ)ᵀ Δθ.
-        grads = torch.autograd.grad(mixed, params, grad_outputs=[m.detach() - t for m, t in zip(mixed, targets)])
-        for p, g in zip(params, grads):
-            p.grad = g
-        self.optimizers[client_id].step()
+        descend(mixed, [m.detach() - t for m, t in zip(mixed, targets)], self.optimizers[client_id])
 
     def weights(self) -> torch.Tensor:
         """α of this round's broadcast, (N clients i, L layers, N clients j)."""

@@ -242,3 +242,58 @@ class FedBNConfig(MethodConfig):
     """FedBN has no keys of its own; it needs a model with BatchNorm layers (``model.batch_norm``)."""
 
     name: str = "fedbn"
+
+
+@dataclass
+class FedAMPConfig(MethodConfig):
+    """FedAMP's keys (Huang et al., AAAI 2021, Eq. 6 and 8); defaults: PFLlib's (main.py). The client keeps
+    and trains its own model, so there is no ``method.ala``."""
+
+    name: str = "fedamp"
+    alpha_k: float = checked(1.0, lambda v: v > 0, "a number > 0",
+                             "α_K: step of the attentive message passing, ξ_ij = α_K e^(−‖w_i − w_j‖²/σ)/σ; "
+                             "the proximal weight is λ/α_K (PFLlib's alphaK, 1.0)")
+    sigma: float = checked(1.0, lambda v: v > 0, "a number > 0",
+                           "σ: scale of the attention-inducing function A(x) = 1 − e^(−x/σ) "
+                           "(PFLlib's sigma, 1.0)")
+    lam: float = checked(1.0, lambda v: v >= 0, "a number >= 0",
+                         "λ: the client trains on F_i(w) + λ/(2α_K)‖w − u_i‖² (PFLlib's lamda, 1.0)")
+
+
+@dataclass
+class FedFomoConfig(MethodConfig):
+    """FedFomo's keys (Zhang et al., ICLR 2021, Sec. 3); defaults: PFLlib's. The client combines the
+    downloaded models itself before training, so there is no ``method.ala``."""
+
+    name: str = "fedfomo"
+    m: int = checked(5, lambda v: v >= 1, "an integer >= 1",
+                     "M: models of other clients each client downloads per round, those of the largest "
+                     "affinity P_{i,n} (PFLlib's -M, 5)")
+    val_ratio: float = checked(0.2, lambda v: 0 < v < 1, "a number in (0, 1)",
+                               "share of each client's training split held out to score the downloaded models; "
+                               "training uses the rest (PFLlib's clientfomo.py val_ratio, 0.2)")
+
+
+@dataclass
+class PFedHNConfig(MethodConfig):
+    """pFedHN's keys (Shamsian et al., ICML 2021, Alg. 1); PFLlib has no pFedHN: defaults from the authors'
+    code (AvivSham/pFedHN, experiments/pfedhn/trainer.py). The generated model is the client's local
+    initialisation, so there is no ``method.ala``."""
+
+    name: str = "pfedhn"
+    embedding_dim: Optional[int] = checked(None, lambda v: v is None or v >= 1, "null or an integer >= 1",
+                                           "size of each client's embedding v_i; null: int(1 + N/4), N clients "
+                                           "(the authors' --embed-dim -1)")
+    hidden_dim: int = checked(100, lambda v: v >= 1, "an integer >= 1",
+                              "width of the hypernetwork's MLP (the authors' --hyper-hid, 100)")
+    hidden_layers: int = checked(3, lambda v: v >= 0, "an integer >= 0",
+                                 "(ReLU, Linear) blocks after the MLP's first Linear (the authors' --n-hidden, 3)")
+    hn_lr: float = checked(0.01, lambda v: v > 0, "a number > 0",
+                           "SGD step size of φ and the embeddings (the authors' --lr, 0.01)")
+    hn_momentum: float = checked(0.9, lambda v: 0 <= v < 1, "a number in [0, 1)",
+                                 "momentum of that SGD (the authors' 0.9)")
+    hn_weight_decay: float = checked(1e-3, lambda v: v >= 0, "a number >= 0",
+                                     "weight decay of that SGD (the authors' --wd, 1e-3)")
+    max_grad_norm: Optional[float] = checked(50.0, lambda v: v is None or v > 0, "null or a number > 0",
+                                             "clip the hypernetwork's gradient to this 2-norm; null: no clipping "
+                                             "(the authors' 50)")
