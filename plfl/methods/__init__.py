@@ -62,6 +62,8 @@ METHODS: dict[str, MethodEntry] = {
                             "LG-FedAvg (Liang et al., 2020): local bodies, averaged head"),
     "fedbn": MethodEntry(schemas.FedBNConfig, "plfl.methods.fedbn:FedBN",
                          "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local"),
+    "apple": MethodEntry(schemas.APPLEConfig, "plfl.methods.apple:APPLE",
+                         "APPLE (Luo and Wu, IJCAI 2022): personalized mixtures of all core models, weights learned"),
 }
 
 

@@ -236,3 +236,22 @@ class FedBNConfig(MethodConfig):
     """FedBN has no keys of its own; it needs a model with BatchNorm layers (``model.batch_norm``)."""
 
     name: str = "fedbn"
+
+
+@dataclass
+class APPLEConfig(MethodConfig):
+    """APPLE's keys (Luo and Wu, IJCAI 2022). The core models step by ``federation.lr`` × N, as PFLlib's
+    clientapple.py. Its personalized models are its own, so there is no ``method.ala``."""
+
+    name: str = "apple"
+    dr_lr: float = checked(0.001, lambda v: v >= 0, "a number >= 0",
+                           "η_p: step size of the directed-relationship vector p_i (the authors' lr_coef, 0.001; "
+                           "PFLlib's dr_learning_rate default 0 never moves p_i)")
+    mu: float = checked(0.1, lambda v: v >= 0, "a number >= 0",
+                        "μ: weight of λ(r) μ/2 ‖p_i − p_i^(0)‖² (the authors' --mu, 0.1, whose term has no ½; "
+                        "PFLlib's shared -mu default 0 drops the term)")
+    schedule_rounds: Optional[int] = checked(
+        None, lambda v: v is None or v >= 0, "null or an integer >= 0",
+        "L: λ(r) falls from 1 to 0 by a cosine over training rounds r = 0..L−1, then stays 0; null: "
+        "federation.rounds, as PFLlib's -L default 1.0 (L = 1.0 × rounds; then extending a run by --resume "
+        "moves L for the rounds still to come)")
