@@ -56,6 +56,9 @@ def test_config_errors_name_the_key_and_the_fix(override, message):
     ("perfedavg", "method.variant=so", "must be one of fo, hf"),
     ("perfedavg", "method.alpha=0", "must be null or a number > 0"),
     ("perfedavg", "method.ala.s=50", "method.ala"),
+    ("apple", "method.dr_lr=-0.1", "Config key 'method.dr_lr' must be a number >= 0; got -0.1."),
+    ("apple", "method.schedule_rounds=-1", "Config key 'method.schedule_rounds' must be null or an integer >= 0"),
+    ("apple", "method.ala.s=50", "method.ala"),
 ])
 def test_a_methods_own_bad_keys_are_refused(config, override, message):
     assert message in error_of(override, path=ROOT / "configs" / f"{config}.yaml")
