@@ -131,7 +131,7 @@ class APPLE(Method):
         self.context.model.train()
         loss_sum, seen = 0.0, 0
         for x, y in client_batches(self.context.data.clients[client_id], federation.batch_size, seed,
-                                   federation.local_epochs):
+                                   federation.local_epochs, self.context.local_trainer.batch_norm):
             own, p, loss = local_step(self.context.model, own, p, others, buffers, client_id, (x, y), self.p0, weight,
                                       core_lr, cfg.dr_lr)
             loss_sum, seen = loss_sum + loss * len(y), seen + len(y)
