@@ -64,6 +64,8 @@ METHODS: dict[str, MethodEntry] = {
                          "FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local"),
     "apple": MethodEntry(schemas.APPLEConfig, "plfl.methods.apple:APPLE",
                          "APPLE (Luo and Wu, IJCAI 2022): personalized mixtures of all core models, weights learned"),
+    "fedphp": MethodEntry(schemas.FedPHPConfig, "plfl.methods.fedphp:FedPHP",
+                          "FedPHP (Li et al., ECML-PKDD 2021): personalized models inherited by a moving average"),
 }
 
 
