@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_method(data, federation=None, **keys):
-    context, model = make_context(data, **{"rounds": 2, **(federation or {})})  # lr 0.1, batch 5
+    context, model = make_context(data, **{"rounds": 2, "lr": 0.1, "batch_size": 5, **(federation or {})})
     return APPLE(APPLEConfig(**keys), context, {k: v.clone() for k, v in model.state_dict().items()}), context
 
 
