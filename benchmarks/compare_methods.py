@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 METHODS = ["fedavg", "fedavgm", "local", "fedala", "selffl", "fedft", "fedftha", "pfedla", "heurpfedla", "perfedavg",
            "fedprox", "fedavg_c", "fedprox_c", "fedavg_e", "ditto", "pfedme", "fedrep", "lgfedavg", "fedbn",
-           "fedamp", "fedfomo", "pfedhn"]
+           "fedamp", "fedfomo", "pfedhn", "apple", "fedphp"]
 # FedALA's reference setting (configs/fedala.yaml), shared by every method.
 FEDERATION = {"join_ratio": 1.0, "local_epochs": 1, "batch_size": 10, "lr": 0.005, "momentum": 0.0, "seed": 0}
 METHOD_KEYS = {"fedft": ["method.head_epochs=1"], "fedftha": ["method.head_epochs=1"], "heurpfedla": ["method.k=1"]}

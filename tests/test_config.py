@@ -64,6 +64,12 @@ def test_config_errors_name_the_key_and_the_fix(override, message):
     ("pfedhn", "method.embedding_dim=0", "Config key 'method.embedding_dim' must be null or an integer >= 1; got 0."),
     ("pfedhn", "method.hn_momentum=1", "Config key 'method.hn_momentum' must be a number in [0, 1); got 1.0."),
     ("pfedhn", "method.max_grad_norm=0", "Config key 'method.max_grad_norm' must be null or a number > 0; got 0.0."),
+    ("apple", "method.dr_lr=-0.1", "Config key 'method.dr_lr' must be a number >= 0; got -0.1."),
+    ("apple", "method.schedule_rounds=-1", "Config key 'method.schedule_rounds' must be null or an integer >= 0"),
+    ("apple", "method.ala.s=50", "method.ala"),
+    ("fedphp", "method.mu=1.5", "Config key 'method.mu' must be a number in [0, 1]; got 1.5."),
+    ("fedphp", "method.lam=-0.1", "Config key 'method.lam' must be a number in [0, 1]; got -0.1."),
+    ("fedphp", "method.inheritance_rounds=0", "Config key 'method.inheritance_rounds' must be null or an integer >= 1"),
 ])
 def test_a_methods_own_bad_keys_are_refused(config, override, message):
     assert message in error_of(override, path=ROOT / "configs" / f"{config}.yaml")

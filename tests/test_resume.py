@@ -94,7 +94,9 @@ def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, cor
 
 
 EXTRA_OPTIONS = {"fedala": {"method.p": 2}, "selffl": {"method.warmup_rounds": 1, "method.l_max": 5},
-                 "fedbn": {"model.batch_norm": True}}
+                 "fedbn": {"model.batch_norm": True},
+                 # Schedules over the run's rounds unless fixed: APPLE's end L, FedPHP's T.
+                 "apple": {"method.schedule_rounds": 3}, "fedphp": {"method.inheritance_rounds": 3}}
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

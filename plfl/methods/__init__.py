@@ -68,6 +68,10 @@ METHODS: dict[str, MethodEntry] = {
                            "FedFomo (Zhang et al., ICLR 2021): M downloaded models weighted by validation-loss gain"),
     "pfedhn": MethodEntry(schemas.PFedHNConfig, "plfl.methods.pfedhn:PFedHN",
                           "pFedHN (Shamsian et al., ICML 2021): a server hypernetwork generates each client's model"),
+    "apple": MethodEntry(schemas.APPLEConfig, "plfl.methods.apple:APPLE",
+                         "APPLE (Luo and Wu, IJCAI 2022): personalized mixtures of all core models, weights learned"),
+    "fedphp": MethodEntry(schemas.FedPHPConfig, "plfl.methods.fedphp:FedPHP",
+                          "FedPHP (Li et al., ECML-PKDD 2021): personalized models inherited by a moving average"),
 }
 
 

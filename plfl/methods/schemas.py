@@ -297,3 +297,40 @@ class PFedHNConfig(MethodConfig):
     max_grad_norm: Optional[float] = checked(50.0, lambda v: v is None or v > 0, "null or a number > 0",
                                              "clip the hypernetwork's gradient to this 2-norm; null: no clipping "
                                              "(the authors' 50)")
+
+
+@dataclass
+class APPLEConfig(MethodConfig):
+    """APPLE's keys (Luo and Wu, IJCAI 2022). The core models step by ``federation.lr`` × N, as PFLlib's
+    clientapple.py. Its personalized models are its own, so there is no ``method.ala``."""
+
+    name: str = "apple"
+    dr_lr: float = checked(0.001, lambda v: v >= 0, "a number >= 0",
+                           "η_p: step size of the directed-relationship vector p_i (the authors' lr_coef, 0.001; "
+                           "PFLlib's dr_learning_rate default 0 never moves p_i)")
+    mu: float = checked(0.1, lambda v: v >= 0, "a number >= 0",
+                        "μ: weight of λ(r) μ/2 ‖p_i − p_i^(0)‖² (the authors' --mu, 0.1, whose term has no ½; "
+                        "PFLlib's shared -mu default 0 drops the term)")
+    schedule_rounds: Optional[int] = checked(
+        None, lambda v: v is None or v >= 0, "null or an integer >= 0",
+        "L: λ(r) falls from 1 to 0 by a cosine over training rounds r = 0..L−1, then stays 0; null: "
+        "federation.rounds, as PFLlib's -L default 1.0 (L = 1.0 × rounds; then extending a run by --resume "
+        "moves L for the rounds still to come)")
+
+
+@dataclass
+class FedPHPConfig(MethodConfig):
+    """FedPHP's keys (Li et al., ECML-PKDD 2021). The kept personalized model is FedPHP's own local
+    initialisation, so there is no ``method.ala``."""
+
+    name: str = "fedphp"
+    mu: float = checked(0.9, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                        "μ: the inheritance v_i ← μ_t v_i + (1 − μ_t) w uses μ_t = μ (t − 1) / T (the authors' "
+                        "FedRepo rises to 0.9; PFLlib's shared -mu default 0 makes v_i the last local model)")
+    lam: float = checked(0.1, lambda v: 0 <= v <= 1, "a number in [0, 1]",
+                         "λ: local loss (1 − λ) CE + λ MMD² of the features of w and v_i (the authors' 0.1 with "
+                         "MMD; PFLlib's shared -lam default 1 would leave no cross-entropy)")
+    inheritance_rounds: Optional[int] = checked(
+        None, lambda v: v is None or v >= 1, "null or an integer >= 1",
+        "T: μ_t grows linearly to μ over T training rounds; null: federation.rounds, as PFLlib's μ / "
+        "global_rounds × t (then extending a run by --resume changes T for the rounds still to come)")
