@@ -22,8 +22,8 @@ def error_of(*overrides, path=QUICKSTART) -> str:
 
 @pytest.mark.parametrize("override, message", [
     ("federation.roundz=3", "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
-                            "Valid keys in section 'federation': batch_size, eval_every, join_ratio, "
-                            "local_epochs, lr, max_failed_clients, momentum, rounds, seed."),
+                            "Valid keys in section 'federation': batch_size, cohort_size, eval_every, executor, "
+                            "join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed."),
     ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
     ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
                  "keep_checkpoints, logger, method, model,"),
