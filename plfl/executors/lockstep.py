@@ -1,4 +1,4 @@
-"""Lock-step schedules of the vectorized executor: which samples every client of a cohort takes at each step.
+"""Lock-step schedules and stacked states of the vectorized executor, and the models it runs exactly.
 
 A client's work is a (S, W) table of sample indices, one row per step, with
 -1 padding a short batch. Stacked for a cohort of clients sorted by S
@@ -13,8 +13,28 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from plfl.client import epoch_order
+from plfl.models import BodyHeadModel
+from plfl.state import Params
+
+
+# Layers whose forward is the same in training and evaluation mode and that vmap runs.
+SUPPORTED = (BodyHeadModel, nn.Sequential, nn.Linear, nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Identity)
+
+
+def unsupported(model: nn.Module, precision: str) -> Optional[str]:
+    """Why the vectorized executor cannot run ``model`` exactly at ``precision``; None if it can."""
+    if precision != "32-true":
+        return f"trainer.precision={precision} (it computes in float32 only)"
+    for module in model.modules():
+        if isinstance(module, _BatchNorm):
+            return "the model's BatchNorm layers update running statistics"
+        if type(module) not in SUPPORTED:
+            return f"the model has a {type(module).__name__} layer"
+    return None
 
 
 def shuffled_rows(n: int, batch_size: int, seed: int, epochs: Optional[int] = None,
@@ -76,3 +96,19 @@ class Split:
         active = (lengths > torch.arange(steps).unsqueeze(1)).sum(1).tolist()
         device = self.x.device
         return index.to(device), mask.to(device), active
+
+
+def stack(states: list[Params], device: torch.device, keys: Optional[list[str]] = None) -> Params:
+    """The clients' tensors of each key (default: all of the first state's) stacked on a new leading axis."""
+    return {k: torch.stack([s[k] for s in states]).to(device) for k in keys or states[0]}
+
+
+def unstack(state: Params, count: int) -> list[Params]:
+    """Each client's own copy on the CPU (a view would keep the whole stack alive in the store)."""
+    cpu = {k: v.cpu() for k, v in state.items()}
+    return [{k: v[c].clone() for k, v in cpu.items()} for c in range(count)]
+
+
+def first_rows(state: Optional[Params], k: int) -> Optional[Params]:
+    """The first ``k`` clients' slices of a stacked state (views: updates reach the stack)."""
+    return None if state is None else {name: v[:k] for name, v in state.items()}

@@ -1,23 +1,14 @@
 """The vectorized executor: a round's clients trained and evaluated together, stacked on a client axis.
 
-Tasks of one ``train`` call with the same options (epochs or steps, trainable
-set, proximal μ) train in cohorts of at most ``cohort_size`` clients: their
-states are stacked on a leading axis and every step trains each client on its
-own next mini-batch with ``vmap(grad(loss))`` over ``functional_call``
-(torch.func), in exactly the batch order ``LocalTrainer`` gives that client
-alone (:func:`plfl.executors.lockstep.shuffled_rows`). The update is
-``torch.optim.SGD``'s: v ← m·v + g (v = g at the first step), θ ← θ − lr·v over
-the trainable parameters; the loss is the batch-mean cross-entropy, padding
-masked out, plus the proximal term. Evaluation stacks the clients' models the
-same way over their test splits. Data and states stay on the device of
-``trainer.accelerator``; a cohort synchronises with the host once, at its end.
-
-What it cannot run exactly it hands to the sequential executor, with a
-one-time ``PlflWarning``: ``data.augment``, BatchNorm (running statistics),
-layers outside :data:`SUPPORTED` (e.g. LSTM, attention, embeddings) and any
-``trainer.precision`` but 32-true.
+Tasks of one ``train`` call with the same options (epochs or steps, trainable set, proximal μ) train in cohorts
+of at most ``cohort_size`` clients: their states are stacked on a leading axis, and each step trains every client
+on its own next mini-batch with ``vmap(grad(loss))`` over ``functional_call`` (torch.func), in exactly the batch
+order ``LocalTrainer`` gives that client alone. The update is ``torch.optim.SGD``'s (v ← m·v + g, v = g at the
+first step; θ ← θ − lr·v) on the trainable parameters; the loss is the batch-mean cross-entropy, padding masked
+out, plus the proximal term. Evaluation stacks the models the same way. Data and states stay on the device; a
+cohort synchronises once, at its end. What it cannot run exactly (:func:`plfl.executors.lockstep.unsupported`,
+``data.augment``) goes to the sequential executor with a one-time ``PlflWarning``.
 """
-
 from __future__ import annotations
 
 import copy
@@ -29,33 +20,15 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.func import functional_call, grad, vmap
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from plfl.client import EVAL_BATCH_SIZE, EvalResult, LocalTrainer, TrainResult
 from plfl.data import FederatedData
 from plfl.errors import PlflError, PlflWarning
-from plfl.executors.lockstep import Split, ordered_rows, shuffled_rows
+from plfl.executors.lockstep import Split, first_rows, ordered_rows, shuffled_rows, stack, unstack, unsupported
 from plfl.executors.sequential import SequentialExecutor
 from plfl.executors.tasks import ClientFailure, EvalTask, TrainTask, checked, raised
-from plfl.models import BodyHeadModel
 from plfl.state import Params
-
-# Layers whose forward is the same in training and evaluation mode and that vmap runs.
-SUPPORTED = (BodyHeadModel, nn.Sequential, nn.Linear, nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Identity)
-
-
-def unsupported(model: nn.Module, precision: str) -> Optional[str]:
-    """Why the vectorized executor cannot run ``model`` exactly at ``precision``; None if it can."""
-    if precision != "32-true":
-        return f"trainer.precision={precision} (it computes in float32 only)"
-    for module in model.modules():
-        if isinstance(module, _BatchNorm):
-            return "the model's BatchNorm layers update running statistics"
-        if type(module) not in SUPPORTED:
-            return f"the model has a {type(module).__name__} layer"
-    return None
 
 
 class VectorizedExecutor:
@@ -96,11 +69,11 @@ class VectorizedExecutor:
 
     def _train_cohort(self, tasks: list[TrainTask], rows: list[torch.Tensor]) -> list[TrainResult | ClientFailure]:
         first = tasks[0]
-        state = self._stack([t.params for t in tasks])
+        state = stack([t.params for t in tasks], self.device)
         names = [n for n, _ in self.model.named_parameters() if first.trainable is None or n in first.trainable]
         params = {k: state[k] for k in names}
         fixed = {k: v for k, v in state.items() if k not in params}
-        anchor = None if first.proximal is None else self._stack([t.proximal.anchor for t in tasks], names)
+        anchor = None if first.proximal is None else stack([t.proximal.anchor for t in tasks], self.device, names)
         mu = None if first.proximal is None else first.proximal.mu
         step = vmap(grad(partial(self._loss, mu=mu), has_aux=True), in_dims=(0, 0, 0, 0, 0, None if mu is None else 0))
         index, mask, active = self.train_split.schedule([self.train_split.offsets[t.client_id] for t in tasks], rows)
@@ -117,7 +90,7 @@ class VectorizedExecutor:
         samples = [int((r >= 0).sum()) for r in rows]
         losses = loss_sum.cpu().tolist()  # the cohort's one synchronisation
         return [checked(TrainResult(p, losses[c] / samples[c] if samples[c] else math.nan, samples[c]))
-                for c, p in enumerate(self._unstack(state, len(tasks)))]
+                for c, p in enumerate(unstack(state, len(tasks)))]
 
     def _loss(self, params: Params, fixed: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
               anchor: Optional[Params], mu: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +114,7 @@ class VectorizedExecutor:
             width = max(1, EVAL_BATCH_SIZE // len(cohort))
             index, mask, active = split.schedule([spans[i][0] for i in cohort],
                                                  [ordered_rows(spans[i][1], width) for i in cohort])
-            state = self._stack([tasks[i].params for i in cohort])
+            state = stack([tasks[i].params for i in cohort], self.device)
             forward = vmap(partial(functional_call, self.model, strict=True))
             correct, loss_sum = torch.zeros(2, len(cohort), device=self.device)
             with torch.no_grad():
@@ -167,15 +140,6 @@ class VectorizedExecutor:
         size = self.cohort_size or max(len(order), 1)
         return [order[i:i + size] for i in range(0, len(order), size)]
 
-    def _stack(self, states: list[Params], keys: Optional[list[str]] = None) -> Params:
-        return {k: torch.stack([s[k] for s in states]).to(self.device) for k in keys or states[0]}
-
-    @staticmethod
-    def _unstack(state: Params, count: int) -> list[Params]:
-        """Each client's own copy on the CPU (a view would keep the whole stack alive in the store)."""
-        cpu = {k: v.cpu() for k, v in state.items()}
-        return [{k: v[c].clone() for k, v in cpu.items()} for c in range(count)]
-
     def _fall_back(self, reason: str, run, tasks: list):
         if tasks and reason not in self.noticed:
             self.noticed.add(reason)
@@ -183,7 +147,3 @@ class VectorizedExecutor:
                                       f"{reason}."), stacklevel=3)
         return run(tasks)
 
-
-def first_rows(state: Optional[Params], k: int) -> Optional[Params]:
-    """The first ``k`` clients' slices of a stacked state (views: updates reach the stack)."""
-    return None if state is None else {name: v[:k] for name, v in state.items()}
