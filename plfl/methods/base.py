@@ -38,7 +38,7 @@ from plfl.state import ClientStateStore, Params
 
 @dataclass
 class FederationContext:
-    """What a method may use: the clients' data, their state store, and local training."""
+    """What a method may use: the clients' data, their state store, the architecture and the options."""
 
     data: FederatedData
     store: ClientStateStore
