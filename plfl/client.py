@@ -78,9 +78,13 @@ class EpochShuffle(Sampler[int]):
         return self.size
 
     def __iter__(self) -> Iterator[int]:
-        local_epoch = self.epoch - self.first_epoch
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, local_epoch, 0, SHUFFLING))
-        yield from torch.randperm(self.n, generator=generator)[: self.size].tolist()
+        yield from epoch_order(self.n, self.seed, self.epoch - self.first_epoch)[: self.size].tolist()
+
+
+def epoch_order(n: int, seed: int, local_epoch: int) -> torch.Tensor:
+    """The (n,) int64 permutation of 0..n-1 that a training seeded ``seed`` visits in its epoch ``local_epoch``
+    (0 first)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, local_epoch, 0, SHUFFLING)))
 
 
 def batch_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: Optional[int] = None,

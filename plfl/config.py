@@ -26,6 +26,7 @@ DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pflli
                 "shakespeare", "leaf")
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
+EXECUTORS = ("sequential", "vectorized")
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
 
 
@@ -176,6 +177,17 @@ class FederationConfig:
     # A client whose training raises or returns NaN/Inf is left out of its round's aggregation;
     # the round fails when more than this many sampled clients fail (null: only when all of them do).
     max_failed_clients: Optional[int] = checked(None, lambda v: v is None or v >= 0, "null or an integer >= 0")
+    # Where the clients' training and evaluation run: one after another on one Lightning Trainer (sequential),
+    # or a round's clients stacked and trained in lock-step with torch.func (vectorized; plfl.executors).
+    executor: str = one_of("sequential", EXECUTORS)
+    # vectorized: the most clients stacked at once (null: all of a call's); memory grows linearly with it.
+    cohort_size: Optional[int] = checked(None, lambda v: v is None or v >= 1, "null or an integer >= 1")
+
+    def __post_init__(self) -> None:
+        if self.cohort_size is not None and self.executor != "vectorized":
+            raise ConfigError(f"federation.cohort_size={self.cohort_size} is read only by federation.executor="
+                              f"vectorized, not by federation.executor={self.executor}. Remove federation.cohort_size "
+                              "or set federation.executor=vectorized.")
 
 
 @dataclass

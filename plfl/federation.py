@@ -14,6 +14,10 @@ than ``federation.max_failed_clients`` of its clients fail (or all do). A
 non-finite global model (``Method.global_params``) after aggregation stops
 the run. ``state_dict``/``load_state_dict`` capture everything needed to
 continue a run after its last finished round.
+
+The per-client work of each phase (training with ``post_train``, the
+broadcast's ``pre_local_init``, evaluation) goes through one executor
+(:mod:`plfl.executors`); the loop keeps the books and the store.
 """
 
 from __future__ import annotations
@@ -21,24 +25,25 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from functools import cached_property
 from typing import Any, Optional
-
-import torch
 
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
 from plfl.client import TrainResult
 from plfl.errors import FederationError, PlflError, PlflWarning
+from plfl.executors import Executor, SequentialExecutor
+from plfl.executors.base import drive, resolved
+from plfl.executors.tasks import ClientFailure, EvalTask, Trains, checked, non_finite
 from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics
 from plfl.seeding import global_rng_state, sample_clients, set_global_rng_state
-from plfl.state import Params
 
 CHECKPOINT_FORMAT = 1
 
 
 class FederationLoop:
-    """Runs ``rounds`` rounds of ``method`` over the clients in ``context``."""
+    """Runs ``rounds`` rounds of ``method`` over the clients in ``context``; the clients' training,
+    local initialisation and evaluation go through ``executor`` (default: sequential on the context's
+    LocalTrainer)."""
 
     def __init__(
         self,
@@ -46,9 +51,11 @@ class FederationLoop:
         context: FederationContext,
         callbacks: list[FederationCallback],
         run: RunInfo,
+        executor: Optional[Executor] = None,
     ):
         self.method = method
         self.context = context
+        self.executor = executor or SequentialExecutor(context.data, context.local_trainer)
         self.callbacks = callbacks
         self.run_info = run
         self.federation = context.federation
@@ -108,10 +115,11 @@ class FederationLoop:
         method, store = self.method, self.context.store
         sampled = sample_clients(self.federation.seed, round_, self.num_clients, self.federation.join_ratio)
         messages, failed, loss_sum, samples = {}, [], 0.0, 0
-        for client_id in sampled:
-            result = self._train_client(client_id, round_)
-            if isinstance(result, str):
-                failed.append({"round": round_, "client": client_id, "reason": result})
+        outcomes = drive([self._client_update(client_id, round_) for client_id in sampled], self.executor)
+        for client_id, result in zip(sampled, outcomes):
+            result = result if isinstance(result, ClientFailure) else checked(result)
+            if isinstance(result, ClientFailure):
+                failed.append({"round": round_, "client": client_id, "reason": result.reason})
                 continue
             store.set(client_id, "model", result.params)
             messages[client_id] = method.client_message(client_id, result)
@@ -133,19 +141,11 @@ class FederationLoop:
             "bytes_received": sum(nbytes(m) for m in messages.values()),
         }
 
-    def _train_client(self, client_id: int, round_: int) -> TrainResult | str:
-        """The client's trained result, or why it failed (an exception, or NaN/Inf in its parameters)."""
-        try:
-            result = self.method.local_train(client_id, self.context.store.get(client_id, "model"), round_)
-            result = self.method.post_train(client_id, result, round_)
-        except PlflError:
-            raise  # bad input or options: every client would fail the same way
-        except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
-            return f"local training raised {type(error).__name__}: {error}"
-        bad = non_finite(result.params)
-        if bad is not None:
-            return f"its trained parameter {bad!r} holds NaN or Inf (training diverged)"
-        return result
+    def _client_update(self, client_id: int, round_: int) -> Trains[TrainResult]:
+        """The client's local training and post-training step, as one hook for :func:`drive`."""
+        method = self.method
+        result = yield from resolved(method.local_train(client_id, self.context.store.get(client_id, "model"), round_))
+        return (yield from resolved(method.post_train(client_id, result, round_)))
 
     def _check_failures(self, round_: int, sampled: int, failed: list[dict[str, Any]]) -> None:
         """Warn about each failed client; raise FederationError when too many failed.
@@ -169,25 +169,35 @@ class FederationLoop:
             )
 
     def _broadcast(self, round_: int) -> dict[str, int]:
-        """Every client receives the server's message and initialises its model; returns what was sent."""
-        params = size = 0
+        """Every client receives the server's message and initialises its model; returns what was sent.
+
+        Raises:
+            FederationError: a client's local initialisation trained and failed.
+        """
+        hooks, params, size = [], 0, 0
         for client_id in range(self.num_clients):
             message = self.method.server_message(client_id)
             params, size = params + numel(message), size + nbytes(message)
-            self.context.store.set(client_id, "model", self.method.pre_local_init(client_id, message, round_))
+            hooks.append(resolved(self.method.pre_local_init(client_id, message, round_)))
+        for client_id, model in enumerate(drive(hooks, self.executor)):
+            if isinstance(model, ClientFailure):
+                raise FederationError(f"Round {round_}: client {client_id}'s local initialisation (pre_local_init) "
+                                      f"failed: {model.reason}. Fix the cause (e.g. lower federation.lr if training "
+                                      "diverged) and continue with plfl fit --resume RUN_DIR [federation.lr=...].")
+            self.context.store.set(client_id, "model", model)
         return {"params_sent": params, "bytes_sent": size}
 
     def _evaluate(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        results = {}
-        for client_id, data in enumerate(self.context.data.clients):
-            model = self.context.store.get(client_id, "model")
-            results[client_id] = self.context.local_trainer.evaluate(model, data.x_test, data.y_test)
-        metrics = federation_metrics(results)
+        """Every client's model on its test split, and the global model (if any) on all test splits."""
+        tasks = [EvalTask(i, self.context.store.get(i, "model")) for i in range(self.num_clients)]
         global_model = self.method.global_model()
         if global_model is not None:
-            x, y = self.union_test_split
-            result = self.context.local_trainer.evaluate(global_model, x, y)
-            metrics.update(global_accuracy=result.accuracy, global_test_loss=result.loss)
+            tasks.append(EvalTask(None, global_model))
+        evaluated = self.executor.evaluate(tasks)
+        results = dict(enumerate(evaluated[:self.num_clients]))
+        metrics = federation_metrics(results)
+        if global_model is not None:
+            metrics.update(global_accuracy=evaluated[-1].accuracy, global_test_loss=evaluated[-1].loss)
         if self.best is None or metrics["accuracy"] > self.best[0]:
             self.best = (metrics["accuracy"], round_)
         rows = [
@@ -196,12 +206,6 @@ class FederationLoop:
             for i, r in results.items()
         ]
         return metrics, rows
-
-    @cached_property
-    def union_test_split(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All clients' test samples together: the global model's test set."""
-        clients = self.context.data.clients
-        return torch.cat([c.x_test for c in clients]), torch.cat([c.y_test for c in clients])
 
     def summary(self, status: str) -> dict[str, Any]:
         """Best and final metrics and per-round costs of the rounds run so far.
@@ -265,10 +269,3 @@ class FederationLoop:
         for callback in self.callbacks:
             getattr(callback, hook)(*args)
 
-
-def non_finite(params: Optional[Params]) -> Optional[str]:
-    """The name of the first floating tensor in ``params`` that holds NaN or Inf; None if there is none."""
-    for name, tensor in (params or {}).items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            return name
-    return None

@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from plfl.errors import PlflWarning
+from plfl.executors import resolved
 from plfl.methods import METHODS, method_class
 from plfl.methods.ala import AdaptiveLocalAggregation
 from plfl.methods.schemas import ALAConfig, FedAvgConfig
 from plfl.models import BodyHeadModel
-from test_federation import make_context
+from test_federation import make_context, run_hook
 
 
 def params_of(model: nn.Module) -> dict:
@@ -102,8 +103,11 @@ def test_ala_changes_the_local_initialisation_and_nothing_else(tiny_federation, 
             method.store.set(i, "model", method.pre_local_init(i, method.server_message(i), round_))
 
     def train_and_aggregate(method, round_, starts):
-        messages = {i: method.client_message(i, method.post_train(i, method.local_train(i, starts[i], round_),
-                                                                   round_)) for i in clients}
+        def update(i):
+            result = yield from resolved(method.local_train(i, starts[i], round_))
+            return (yield from resolved(method.post_train(i, result, round_)))
+
+        messages = {i: method.client_message(i, run_hook(method.context, update(i))) for i in clients}
         for i in clients:
             method.store.set(i, "model", messages[i])
         method.aggregate(messages, round_)

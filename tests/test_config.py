@@ -22,12 +22,16 @@ def error_of(*overrides, path=QUICKSTART) -> str:
 
 @pytest.mark.parametrize("override, message", [
     ("federation.roundz=3", "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
-                            "Valid keys in section 'federation': batch_size, eval_every, join_ratio, "
-                            "local_epochs, lr, max_failed_clients, momentum, rounds, seed."),
+                            "Valid keys in section 'federation': batch_size, cohort_size, eval_every, executor, "
+                            "join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed."),
     ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
     ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
                  "keep_checkpoints, logger, method, model,"),
     ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
+    ("federation.executor=ray", "Config key 'federation.executor' must be one of sequential, vectorized; got 'ray'."),
+    ("federation.cohort_size=8", "federation.cohort_size=8 is read only by federation.executor=vectorized, not by "
+                                 "federation.executor=sequential. Remove federation.cohort_size or set "
+                                 "federation.executor=vectorized."),
     ("federation.rounds=-1", "Config key 'federation.rounds' must be an integer >= 0; got -1."),
     ("federation.join_ratio=0", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 0.0."),
     ("federation.join_ratio=1.5", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 1.5."),
@@ -73,6 +77,11 @@ def test_config_errors_name_the_key_and_the_fix(override, message):
 ])
 def test_a_methods_own_bad_keys_are_refused(config, override, message):
     assert message in error_of(override, path=ROOT / "configs" / f"{config}.yaml")
+
+
+def test_cohort_size_is_checked_for_the_vectorized_executor():
+    assert error_of("federation.executor=vectorized", "federation.cohort_size=0") == \
+        "Config key 'federation.cohort_size' must be null or an integer >= 1; got 0."
 
 
 def test_malformed_yaml_gives_the_line(tmp_path):

@@ -14,7 +14,7 @@ from plfl.methods.base import nbytes
 from plfl.methods.ditto import Ditto
 from plfl.methods.schemas import DittoConfig
 from plfl.seeding import LOCAL_TRAINING, PERSONAL_TRAINING, derive_seed
-from test_federation import make_context
+from test_federation import make_context, run_hook
 from test_pfedla import run_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def test_personal_step_adds_lambda_pull_and_upload_is_fedavgs_global_copy(tiny_f
     method, context = make_method(tiny_federation, lam=lam)
     w = method.global_params
     v = {k: t + 0.3 * torch.randn(t.shape, generator=torch.Generator().manual_seed(1)) for k, t in w.items()}
-    result = method.local_train(client, v, round_=2)
+    result = run_hook(context, method.local_train(client, v, round_=2))
 
     # Independent SGD on CE(v) + λ/2‖v − w‖²: v ← v − lr (∇CE(v) + λ (v − w)), same batch order.
     data = tiny_federation.clients[client]

@@ -20,7 +20,7 @@ def faulty_clients(monkeypatch):
     def local_train(self, client_id, params, round_):
         if client_id == 1:
             raise RuntimeError("disk on fire")
-        result = train(self, client_id, params, round_)
+        result = yield from train(self, client_id, params, round_)
         if client_id == 3 and round_ >= 2:
             result.params["head.weight"][0, 0] = float("nan")
         return result

@@ -14,7 +14,7 @@ from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
 from plfl.methods.fedamp import FedAMP, attention_weights, cloud_model
 from plfl.methods.schemas import FedAMPConfig
-from test_federation import make_context
+from test_federation import make_context, run_hook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +50,7 @@ def test_client_trains_its_own_model_pulled_towards_the_cloud_model(tiny_federat
         torch.testing.assert_close(value, cloud[key])
     g = torch.Generator().manual_seed(3)
     own = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in initial.items()}
-    trained = method.local_train(1, own, round_=1).params
+    trained = run_hook(context, method.local_train(1, own, round_=1)).params
 
     # Independently: one SGD step from the client's own model on CE + λ/(2α_K)‖w − u_1‖², μ = 0.5 / 0.25 = 2.
     client, lr = tiny_federation.clients[1], context.local_trainer.module.lr

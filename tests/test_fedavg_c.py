@@ -13,7 +13,7 @@ from plfl.experiment import run_experiment
 from plfl.methods.fedavg_c import FedAvgC, FedProxC
 from plfl.methods.schemas import FedAvgCConfig, FedProxCConfig
 from plfl.seeding import FINE_TUNING, LOCAL_TRAINING, derive_seed
-from test_federation import make_context
+from test_federation import make_context, run_hook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def test_initialisation_is_the_received_model_fine_tuned(tiny_federation, cls, c
     client = tiny_federation.clients[2]
     inits = []
     for round_ in (0, 3):  # round 0's evaluation is of a fine-tuned model as well
-        init = method.pre_local_init(2, method.server_message(2), round_)
+        init = run_hook(context, method.pre_local_init(2, method.server_message(2), round_))
         expected = context.local_trainer.train(method.global_params, client.x_train, client.y_train,
                                                seed=derive_seed(5, round_, 2, FINE_TUNING), epochs=2)
         assert equal(init, expected.params)
@@ -42,8 +42,8 @@ def test_fedprox_c_trains_from_the_fine_tuned_model_anchored_at_the_received_one
     context, model = make_context(tiny_federation, seed=5)
     method = FedProxC(FedProxCConfig(mu=0.5), context, {k: v.clone() for k, v in model.state_dict().items()})
     client = tiny_federation.clients[1]
-    init = method.pre_local_init(1, method.server_message(1), round_=1)
-    trained = method.local_train(1, init, round_=2).params
+    init = run_hook(context, method.pre_local_init(1, method.server_message(1), round_=1))
+    trained = run_hook(context, method.local_train(1, init, round_=2)).params
 
     def independent(anchor):
         return context.local_trainer.train(init, client.x_train, client.y_train, epochs=1,

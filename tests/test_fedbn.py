@@ -13,6 +13,7 @@ from plfl.methods.partial import module_keys
 from plfl.methods.schemas import FedBNConfig
 from plfl.models import build_model
 from plfl.state import ClientStateStore
+from test_federation import run_hook
 
 BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
@@ -42,7 +43,7 @@ def test_after_a_round_batch_norm_is_each_clients_own_and_the_rest_the_average(t
         context.store.set(client_id, "model", method.pre_local_init(client_id, method.server_message(client_id), 0))
     trained, messages = {}, {}
     for client_id in (0, 1, 3):  # the loop's order: train, store, upload
-        result = method.local_train(client_id, context.store.get(client_id, "model"), round_=1)
+        result = run_hook(context, method.local_train(client_id, context.store.get(client_id, "model"), round_=1))
         context.store.set(client_id, "model", result.params)
         trained[client_id], messages[client_id] = result.params, method.client_message(client_id, result)
     method.aggregate(messages, round_=1)

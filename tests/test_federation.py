@@ -6,6 +6,7 @@ import torch
 
 from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.config import FederationConfig
+from plfl.executors import ClientFailure, SequentialExecutor, drive, resolved
 from plfl.experiment import run_experiment
 from plfl.methods.base import FederationContext
 from plfl.methods.fedala import FedALA
@@ -20,6 +21,15 @@ def make_context(data, **federation):
     trainer = LocalTrainer(ClientModule(model, data.num_classes, lr=0.1), build_trainer("cpu", 1, "32-true"), 5)
     fed = FederationConfig(**federation)
     return FederationContext(data, ClientStateStore(len(data.clients)), model, trainer, fed), model
+
+
+def run_hook(context, value, executor=None):
+    """A method hook's value, the training tasks it yields (if any) run by ``executor`` (default: sequential on
+    the context's LocalTrainer), as the federation loop runs them."""
+    executor = executor or SequentialExecutor(context.data, context.local_trainer)
+    (outcome,) = drive([resolved(value)], executor)
+    assert not isinstance(outcome, ClientFailure), outcome
+    return outcome
 
 
 def test_weighted_average_matches_hand_computation():

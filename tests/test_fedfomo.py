@@ -14,7 +14,7 @@ from plfl.methods.base import nbytes
 from plfl.methods.fedfomo import SCORES, FedFomo, fomo_scores, fomo_update, fomo_weights, validation_split
 from plfl.methods.schemas import FedFomoConfig
 from plfl.seeding import LOCAL_TRAINING, derive_seed
-from test_federation import make_context
+from test_federation import make_context, run_hook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +55,7 @@ def test_a_model_that_raises_the_validation_loss_gets_weight_zero(tiny_federatio
     val_loss = lambda p: trainer.evaluate(p, data.x_train[val], data.y_train[val]).loss  # noqa: E731
     assert val_loss(better) < val_loss(own) < val_loss(worse)
 
-    result = method.local_train(3, own, round_=1)
+    result = run_hook(context, method.local_train(3, own, round_=1))
     scores = result.upload[SCORES]
     assert scores[0] > 0 and scores[1] < 0 and scores[2] == 0
     torch.testing.assert_close(fomo_weights(scores), torch.tensor([1.0, 0.0, 0.0]))

@@ -5,7 +5,7 @@ import torch
 from plfl.experiment import run_experiment
 from plfl.methods.fedftha import FedFT, FedFTHA
 from plfl.methods.schemas import FedFTConfig, FedFTHAConfig
-from test_federation import make_context
+from test_federation import make_context, run_hook
 
 
 def make_method(data, cls=FedFTHA, config=FedFTHAConfig, **keys):
@@ -21,7 +21,7 @@ def test_head_epochs_leave_body_bit_identical(tiny_federation):
     method, context = make_method(tiny_federation, head_epochs=2)
     client = tiny_federation.clients[2]
     trained = context.local_trainer.train(method.global_params, client.x_train, client.y_train, seed=0, epochs=1)
-    tuned = method.post_train(2, trained, round_=1)
+    tuned = run_hook(context, method.post_train(2, trained, round_=1))
     for key, value in trained.params.items():
         same = torch.equal(tuned.params[key], value)
         assert same if key not in method.head_keys else not same, key

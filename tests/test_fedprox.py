@@ -10,7 +10,7 @@ from plfl.checkpoint import load_latest_checkpoint
 from plfl.experiment import run_experiment
 from plfl.methods.fedprox import FedProx
 from plfl.methods.schemas import FedProxConfig
-from test_federation import make_context
+from test_federation import make_context, run_hook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ def test_one_step_is_fedavgs_gradient_plus_mu_times_distance_to_the_received_mod
     g = torch.Generator().manual_seed(3)
     start = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in received.items()}
     client, lr = tiny_federation.clients[1], context.local_trainer.module.lr
-    trained = method.local_train(1, start, round_=1).params
+    trained = run_hook(context, method.local_train(1, start, round_=1)).params
 
     # Independently: autograd of the mean cross-entropy of the whole split at `start`.
     leaves = {n: start[n].clone().requires_grad_() for n, _ in model.named_parameters()}

@@ -6,8 +6,9 @@ import torch
 from plfl.experiment import run_experiment
 from plfl.methods.fedrep import FedRep
 from plfl.methods.schemas import FedRepConfig
-from plfl.seeding import HEAD_TRAINING, LOCAL_TRAINING
-from test_federation import make_context
+from plfl.executors import SequentialExecutor
+from plfl.seeding import HEAD_TRAINING, LOCAL_TRAINING, derive_seed
+from test_federation import make_context, run_hook
 
 
 def make_method(data, **keys):
@@ -18,18 +19,19 @@ def make_method(data, **keys):
 def test_head_epochs_leave_body_bit_identical_and_body_epochs_leave_head_bit_identical(tiny_federation):
     method, context = make_method(tiny_federation, head_epochs=2)
     start = method.pre_local_init(1, method.server_message(1), round_=0)
-    calls = []  # (stream, starting params, result) of each training
-    train = method.train_on_client
+    calls = []  # (task, result) of each training
+    executor = SequentialExecutor(context.data, context.local_trainer)
+    train = executor.train
 
-    def recorded(client_id, params, round_, stream, **options):
-        calls.append((stream, params, result := train(client_id, params, round_, stream, **options)))
-        return result
+    def recorded(tasks):
+        calls.extend(zip(tasks, results := train(tasks)))
+        return results
 
-    method.train_on_client = recorded
-    result = method.local_train(1, start, round_=1)
-    (head_stream, head_start, head), (body_stream, body_start, body) = calls
-    assert (head_stream, body_stream) == (HEAD_TRAINING, LOCAL_TRAINING)
-    assert head_start is start and body_start is head.params and result.params is body.params
+    executor.train = recorded
+    result = run_hook(context, method.local_train(1, start, round_=1), executor)
+    (head_task, head), (body_task, body) = calls
+    assert head_task.seed == derive_seed(0, 1, 1, HEAD_TRAINING) and body_task.seed == derive_seed(0, 1, 1, LOCAL_TRAINING)
+    assert head_task.params is start and body_task.params is head.params and result.params is body.params
     for key, value in start.items():
         in_head = key.startswith("head.")
         assert torch.equal(head.params[key], value) != in_head, key  # only the head moved

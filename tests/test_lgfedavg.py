@@ -4,7 +4,7 @@ import torch
 
 from plfl.methods.lgfedavg import LGFedAvg
 from plfl.methods.schemas import LGFedAvgConfig
-from test_federation import make_context
+from test_federation import make_context, run_hook
 
 
 def test_client_keeps_its_body_and_takes_the_averaged_head(tiny_federation):
@@ -12,7 +12,7 @@ def test_client_keeps_its_body_and_takes_the_averaged_head(tiny_federation):
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     method = LGFedAvg(LGFedAvgConfig(), context, initial)
     start = method.pre_local_init(0, method.server_message(0), round_=0)
-    trained = method.local_train(0, start, round_=1)
+    trained = run_hook(context, method.local_train(0, start, round_=1))
     assert all(not torch.equal(trained.params[k], v) for k, v in start.items())  # the whole model trains
     message = method.client_message(0, trained)
     assert set(message) == {"head.weight", "head.bias"}

@@ -11,7 +11,7 @@ from plfl.experiment import run_experiment
 from plfl.methods.pfedhn import PFedHN
 from plfl.methods.schemas import PFedHNConfig
 from plfl.seeding import LOCAL_TRAINING, derive_seed
-from test_federation import make_context
+from test_federation import make_context, run_hook
 from test_pfedla import run_loop
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def test_the_generated_model_is_what_each_client_evaluates_and_trains_from(tiny_
     params = method.pre_local_init(2, generated, round_=0)
     assert all(torch.equal(params[k], v) for k, v in generated.items())
     assert not torch.equal(generated["head.weight"], method.server_message(1)["head.weight"])  # per client
-    result = method.local_train(2, params, round_=1)
+    result = run_hook(context, method.local_train(2, params, round_=1))
     data = tiny_federation.clients[2]
     expected = context.local_trainer.train(generated, data.x_train, data.y_train,
                                            seed=derive_seed(0, 1, 2, LOCAL_TRAINING), epochs=1)

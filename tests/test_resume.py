@@ -62,14 +62,16 @@ def results(run_dir: Path) -> tuple:
             {k: summary[k] for k in ("status", "best_accuracy", "best_round", "final_accuracy", "rounds")})
 
 
-@pytest.mark.parametrize("method, corrupt_latest", [("fedavg", True), ("fedala", False)])
-def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, corrupt_latest):
+@pytest.mark.parametrize("method, corrupt_latest, executor", [("fedavg", True, "sequential"),
+                                                             ("fedala", False, "sequential"),
+                                                             ("fedftha", False, "vectorized")])
+def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, corrupt_latest, executor):
     config = tmp_path / "run.yaml"
     config.write_text(
         f"name: {method}\noutput_dir: {tmp_path}\nprogress_bar: false\n"
         "data: {source: digits, num_clients: 5, beta: 0.5}\nmodel: {name: mlp, hidden_sizes: [32]}\n"
         f"method:\n  name: {method}\n{FEDALA_OPTIONS if method == 'fedala' else ''}"
-        "federation: {rounds: 4, lr: 0.05, batch_size: 20}\n"
+        f"federation: {{rounds: 4, lr: 0.05, batch_size: 20, executor: {executor}}}\n"
     )
     full = plfl("fit", "--config", str(config))
     assert full.returncode == 0, full.stderr

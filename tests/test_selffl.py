@@ -18,7 +18,7 @@ from plfl.methods.selffl import (
 )
 from plfl.methods.schemas import SelfFLConfig
 from plfl.state import ClientStateStore
-from test_federation import make_context
+from test_federation import make_context, run_hook
 
 
 class QuadraticTrainer:
@@ -31,7 +31,7 @@ class QuadraticTrainer:
         self.lr = lr
         self.bootstrap = True
 
-    def train(self, params, x, y, seed, epochs=None, steps=None, trainable=None):
+    def train(self, params, x, y, seed, epochs=None, steps=None, trainable=None, proximal=None):
         sample = x[torch.randint(len(x), (len(x),), generator=torch.Generator().manual_seed(seed))]
         z = sample.mean() if self.bootstrap else x.mean()
         theta = params["theta"].clone()
@@ -72,15 +72,15 @@ def gaussian_errors(seed: int, M=20, sigma0_sq=1.0, noise_sq=4.0, warmup=20, rou
         if round_ > 0:
             messages = {}
             for m in range(M):
-                result = method.local_train(m, context.store.get(m, "model"), round_)
+                result = run_hook(context, method.local_train(m, context.store.get(m, "model"), round_))
                 context.store.set(m, "model", result.params)
                 messages[m] = method.client_message(m, result)
             method.aggregate(messages, round_)
         for m in range(M):
             context.store.set(m, "model", method.pre_local_init(m, method.server_message(m), round_))
     trainer.bootstrap = False
-    personal = torch.cat([method.local_train(m, context.store.get(m, "model"), round_ + 1).params["theta"]
-                          for m in range(M)])
+    personal = torch.cat([run_hook(context, method.local_train(m, context.store.get(m, "model"), round_ + 1))
+                          .params["theta"] for m in range(M)])
     z = torch.stack([x.mean() for x in xs])
     target = fl_optimum(z, noise_sq / n.double(), sigma0_sq)
     fedavg = (n * z).sum() / n.sum()  # FedAvg's fixed point with converged local training
@@ -124,7 +124,8 @@ def test_client_variance_is_across_rounds_not_across_coordinates(tiny_federation
     uploads = []
     for round_ in (1, 2, 3):
         context.store.set(0, "model", method.pre_local_init(0, method.server_message(0), round_ - 1))
-        uploads.append(method.client_message(0, method.local_train(0, context.store.get(0, "model"), round_)))
+        result = run_hook(context, method.local_train(0, context.store.get(0, "model"), round_))
+        uploads.append(method.client_message(0, result))
     assert math.isnan(uploads[0][SIGMA_SQ].item())  # one upload: no variance yet
     assert uploads[1][SIGMA_SQ].item() == uploads[2][SIGMA_SQ].item() == 1e-7  # 0, floored at eps
 

@@ -7,8 +7,13 @@ A round, as :class:`plfl.federation.FederationLoop` runs it:
 3. every client: ``server_message`` → ``pre_local_init`` (its model for the
    next round's training and for this round's evaluation).
 
-A method overrides only the hooks its algorithm changes. The default hooks
-are FedAvg's client side; ALA (FedALA) is switched on by ``method.ala`` for a
+A method overrides only the hooks its algorithm changes. ``pre_local_init``,
+``local_train`` and ``post_train`` may train: written as generator functions,
+they ``yield self.train_task(...)`` and receive the TrainResult (the loop runs
+the tasks through its executor, every client's together); a plain function's
+value is used as it is. A training hook that extends its parent's writes
+``result = yield from super().local_train(...)``. The default hooks are
+FedAvg's client side; ALA (FedALA) is switched on by ``method.ala`` for a
 method that keeps the default ``pre_local_init`` and whose schema has that key
 (``plfl.methods.schemas.FedAvgConfig``).
 """
@@ -24,6 +29,7 @@ from torch import nn
 from plfl.client import LocalTrainer, TrainResult
 from plfl.config import FederationConfig
 from plfl.data import FederatedData
+from plfl.executors.tasks import Trains, TrainTask
 from plfl.methods.ala import AdaptiveLocalAggregation
 from plfl.methods.schemas import ALAConfig, MethodConfig
 from plfl.seeding import ALA_SUBSET, LOCAL_TRAINING, derive_seed
@@ -32,12 +38,12 @@ from plfl.state import ClientStateStore, Params
 
 @dataclass
 class FederationContext:
-    """What a method may use: the clients' data, their state store, and local training."""
+    """What a method may use: the clients' data, their state store, the architecture and the options."""
 
     data: FederatedData
     store: ClientStateStore
     model: nn.Module  # the architecture (its own weights are not the global model)
-    local_trainer: LocalTrainer
+    local_trainer: LocalTrainer  # the sequential executor's; methods train by yielding tasks
     federation: FederationConfig
 
 
@@ -67,7 +73,7 @@ class Method:
         """What the server sends client ``client_id`` this round (None: nothing is sent)."""
         return self.global_params
 
-    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params | Trains[Params]:
         """The client's model after receiving ``message``: its model for evaluation and training.
 
         Default: overwrite the local model with the global one, or ALA's
@@ -84,26 +90,24 @@ class Method:
         self.store.set(client_id, "ala_epochs", outcome.epochs)
         return outcome.params
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
         """Train the client from ``params`` for ``federation.local_epochs`` epochs."""
-        return self.train_on_client(client_id, params, round_, LOCAL_TRAINING,
-                                    epochs=self.context.federation.local_epochs)
+        return (yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
+                                      epochs=self.context.federation.local_epochs))
 
-    def train_on_client(self, client_id: int, params: Params, round_: int, stream: int, **options: Any) -> TrainResult:
-        """``LocalTrainer.train`` from ``params`` on :meth:`training_split`, its batch order
-        drawn from (seed, round, client, ``stream``); ``options``: epochs or steps, and optionally
-        trainable and proximal (see :meth:`plfl.client.LocalTrainer.train`)."""
-        x, y = self.training_split(client_id)
-        seed = derive_seed(self.seed, round_, client_id, stream)
-        return self.context.local_trainer.train(params, x, y, seed=seed, **options)
+    def train_task(self, client_id: int, params: Params, round_: int, stream: int, **options: Any) -> TrainTask:
+        """Training from ``params`` on the client's :meth:`training_samples`, its batch order drawn from
+        (seed, round, client, ``stream``); ``options``: epochs or steps, and optionally trainable and
+        proximal (see :class:`plfl.executors.TrainTask`). A hook yields it and receives its TrainResult."""
+        return TrainTask(client_id, params, derive_seed(self.seed, round_, client_id, stream),
+                         samples=self.training_samples(client_id), **options)
 
-    def training_split(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The (x, y) that :meth:`train_on_client` trains on: the client's whole training split,
-        unless a method holds part of it out (FedFomo's validation split)."""
-        data = self.context.data.clients[client_id]
-        return data.x_train, data.y_train
+    def training_samples(self, client_id: int) -> Optional[torch.Tensor]:
+        """Indices (int64, into the client's training split) that :meth:`train_task` trains on; None
+        (default): all, unless a method holds part of the split out (FedFomo's validation split)."""
+        return None
 
-    def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult:
+    def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult | Trains[TrainResult]:
         """Adjust the trained model before upload (e.g. FedFTHA's head fine-tuning)."""
         return result
 

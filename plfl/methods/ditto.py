@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Optional
 
 from plfl.client import ProximalTerm, TrainResult
+from plfl.executors import Trains
 from plfl.methods.fedavg import FedAvg
 from plfl.seeding import PERSONAL_TRAINING
 from plfl.state import Params
@@ -37,13 +38,13 @@ class Ditto(FedAvg):
         """The client's own v; before its first training, the received global model."""
         return self.store.get(client_id, "model") or {k: v.clone() for k, v in message.items()}
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
         """v (``params``) trained with λ/2‖v − w‖², then FedAvg's training of w, uploaded (Alg. 1)."""
         received = self.server_message(client_id)  # w: unchanged since this round's broadcast
-        personal = self.train_on_client(client_id, params, round_, PERSONAL_TRAINING,
-                                        epochs=self.config.personal_epochs,
-                                        proximal=ProximalTerm(received, self.config.lam))
-        global_copy = super().local_train(client_id, received, round_)
+        personal = yield self.train_task(client_id, params, round_, PERSONAL_TRAINING,
+                                         epochs=self.config.personal_epochs,
+                                         proximal=ProximalTerm(received, self.config.lam))
+        global_copy = yield from super().local_train(client_id, received, round_)
         seen = personal.samples_seen + global_copy.samples_seen
         loss = (personal.loss * personal.samples_seen + global_copy.loss * global_copy.samples_seen) / seen
         return TrainResult(personal.params, loss, seen, upload=global_copy.params)

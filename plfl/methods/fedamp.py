@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from plfl.client import ProximalTerm, TrainResult
+from plfl.executors import Trains
 from plfl.methods.base import FederationContext, Method
 from plfl.methods.schemas import FedAMPConfig
 from plfl.seeding import LOCAL_TRAINING
@@ -78,11 +79,11 @@ class FedAMP(Method):
         """The client's own w_i (before its first training, the initial model)."""
         return self.store.get(client_id, "model") or self.global_params
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
         """w_i trained from itself on F_i(w) + λ/(2α_K)‖w − u_i‖² (Eq. 8), u_i the received cloud model."""
         proximal = ProximalTerm(self.server_message(client_id), self.config.lam / self.config.alpha_k)
-        return self.train_on_client(client_id, params, round_, LOCAL_TRAINING,
-                                    epochs=self.context.federation.local_epochs, proximal=proximal)
+        return (yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
+                                      epochs=self.context.federation.local_epochs, proximal=proximal))
 
     def client_message(self, client_id: int, result: TrainResult) -> Params:
         """The trained w_i's parameters."""

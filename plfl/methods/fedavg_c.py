@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from plfl.executors import Trains
 from plfl.methods.base import Method
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.fedprox import FedProx
@@ -27,10 +28,10 @@ class FineTunedInit(Method):
     """Mixin: local initialisation by fine-tuning the received model for
     ``config.finetune_epochs`` epochs on the client's training split (put it first in the bases)."""
 
-    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Trains[Params]:
         """The received global model after ``finetune_epochs`` epochs on the client's data (Sec. 5)."""
-        return self.train_on_client(client_id, message, round_, FINE_TUNING,
-                                    epochs=self.config.finetune_epochs).params
+        tuned = yield self.train_task(client_id, message, round_, FINE_TUNING, epochs=self.config.finetune_epochs)
+        return tuned.params
 
 
 class FedAvgC(FineTunedInit, FedAvg):

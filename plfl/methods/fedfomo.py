@@ -37,6 +37,7 @@ import torch
 
 from plfl.client import TrainResult
 from plfl.errors import ConfigError
+from plfl.executors import Trains
 from plfl.methods.base import FederationContext, Method
 from plfl.methods.schemas import FedFomoConfig
 from plfl.seeding import LOCAL_TRAINING, VALIDATION_SPLIT, derive_seed
@@ -93,10 +94,9 @@ class FedFomo(Method):
         self.uploaded = torch.zeros(len(clients), dtype=torch.bool)
         self.affinity = torch.eye(len(clients))  # P
 
-    def training_split(self, client_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def training_samples(self, client_id: int) -> torch.Tensor:
         """The client's training split without its validation samples."""
-        data, (train, _) = self.context.data.clients[client_id], self.splits[client_id]
-        return data.x_train[train], data.y_train[train]
+        return self.splits[client_id][0]
 
     def selection(self, client_id: int) -> list[int]:
         """The ≤ M clients n ≠ i with an upload and the largest P_{i,n}, ties to the lower id."""
@@ -113,7 +113,7 @@ class FedFomo(Method):
         """The client's own model (before its first training, the initial model)."""
         return self.store.get(client_id, "model") or self.global_params
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
         """The first-order update of ``params`` by the received models on the validation split, then
         ``federation.local_epochs`` epochs on the rest; the scores go with the upload."""
         received = self.server_message(client_id)  # unchanged since this round's broadcast
@@ -129,8 +129,8 @@ class FedFomo(Method):
                                      for n in range(count)])
             scores = fomo_scores(evaluate(params, x, y).loss, losses, distances)
             params = fomo_update(params, received, fomo_weights(scores))
-        result = self.train_on_client(client_id, params, round_, LOCAL_TRAINING,
-                                      epochs=self.context.federation.local_epochs)
+        result = yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
+                                       epochs=self.context.federation.local_epochs)
         result.upload = {**{k: result.params[k] for k in self.models}, SCORES: scores}
         return result
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from plfl.client import TrainResult
+from plfl.executors import Trains
 from plfl.methods.base import FederationContext, Method
 from plfl.methods.fedavg import weighted_average
 from plfl.methods.schemas import FedFTHAConfig
@@ -41,12 +42,12 @@ class FedFTHA(Method):
         self.head_parameters = {n for n, _ in context.model.named_parameters() if n.startswith("head.")}
         self.heads: dict[int, Params] = {}  # client → its latest uploaded head
 
-    def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult:
+    def post_train(self, client_id: int, result: TrainResult, round_: int) -> Trains[TrainResult]:
         """τ_head epochs of head-only training; the reported loss stays that of the joint epochs."""
         if self.config.head_epochs == 0:
             return result
-        tuned = self.train_on_client(client_id, result.params, round_, POST_TRAINING,
-                                     epochs=self.config.head_epochs, trainable=self.head_parameters)
+        tuned = yield self.train_task(client_id, result.params, round_, POST_TRAINING,
+                                      epochs=self.config.head_epochs, trainable=self.head_parameters)
         return TrainResult(tuned.params, result.loss, result.samples_seen + tuned.samples_seen)
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:

@@ -17,6 +17,7 @@ as PFLlib's optimizer does.
 from __future__ import annotations
 
 from plfl.client import ProximalTerm, TrainResult
+from plfl.executors import Trains
 from plfl.methods.fedavg import FedAvg
 from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
@@ -27,9 +28,9 @@ class FedProx(FedAvg):
 
     name = "fedprox"
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
         """``federation.local_epochs`` epochs from ``params`` with the proximal term anchored at the
         global model the client received (which ALA may have changed ``params`` from)."""
         proximal = ProximalTerm(self.server_message(client_id), self.config.mu)
-        return self.train_on_client(client_id, params, round_, LOCAL_TRAINING,
-                                    epochs=self.context.federation.local_epochs, proximal=proximal)
+        return (yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
+                                      epochs=self.context.federation.local_epochs, proximal=proximal))

@@ -25,6 +25,7 @@ from __future__ import annotations
 from torch import nn
 
 from plfl.client import TrainResult
+from plfl.executors import Trains
 from plfl.methods.base import FederationContext
 from plfl.methods.partial import PartialSharing, module_keys
 from plfl.methods.schemas import FedRepConfig
@@ -46,13 +47,13 @@ class FedRep(PartialSharing):
     def keep_local(self, model: nn.Module) -> frozenset[str]:
         return module_keys(model, lambda name, _: name == "head")
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
         """τ_h head epochs with the body frozen, then τ_φ body epochs with the head frozen; the
         reported loss is the sample-weighted mean over both."""
-        head = self.train_on_client(client_id, params, round_, HEAD_TRAINING,
-                                    epochs=self.config.head_epochs, trainable=self.head_parameters)
-        body = self.train_on_client(client_id, head.params, round_, LOCAL_TRAINING,
-                                    epochs=self.context.federation.local_epochs, trainable=self.body_parameters)
+        head = yield self.train_task(client_id, params, round_, HEAD_TRAINING,
+                                     epochs=self.config.head_epochs, trainable=self.head_parameters)
+        body = yield self.train_task(client_id, head.params, round_, LOCAL_TRAINING,
+                                     epochs=self.context.federation.local_epochs, trainable=self.body_parameters)
         samples = head.samples_seen + body.samples_seen
         loss = (head.loss * head.samples_seen + body.loss * body.samples_seen) / samples
         return TrainResult(body.params, loss, samples)

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from plfl.client import TrainResult
+from plfl.executors import Trains
 from plfl.methods.base import FederationContext, Method
 from plfl.methods.hypernetwork import descend
 from plfl.methods.schemas import PFedHNConfig
@@ -89,10 +90,10 @@ class PFedHN(Method):
         """θ_i over the client's buffers (the initial model's before its first training)."""
         return {**(self.store.get(client_id, "model") or self.global_params), **message}
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
         """``federation.local_epochs`` epochs from θ_i (``params``); the upload is Δθ_i = θ_i − θ̃_i."""
-        result = self.train_on_client(client_id, params, round_, LOCAL_TRAINING,
-                                      epochs=self.context.federation.local_epochs)
+        result = yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
+                                       epochs=self.context.federation.local_epochs)
         result.upload = {name: params[name] - result.params[name] for name in self.hypernetwork.shapes}
         return result
 

@@ -25,6 +25,7 @@ import torch
 
 from plfl.client import TrainResult
 from plfl.errors import ConfigError
+from plfl.executors import Trains
 from plfl.methods.base import FederationContext, Method
 from plfl.methods.fedavg import weighted_average
 from plfl.methods.schemas import SelfFLConfig
@@ -196,17 +197,17 @@ class SelfFL(Method):
             return {k: v.clone() for k, v in message.items() if k not in SCALARS}
         return self.store.get(client_id, "model")
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
         """l_m SGD steps from INIT_m (FedAvg's epochs from Θ^{t-1} in the warm-up), then update σ_m²."""
         received = self.store.get(client_id, "selffl_received")
         global_params = {k: v for k, v in received.items() if k not in SCALARS}
         plan = self.plan(client_id, received, round_)
         if plan is None:
-            result = super().local_train(client_id, global_params, round_)
+            result = yield from super().local_train(client_id, global_params, round_)
         else:
             share, rule_steps = plan
             start = loo_init(global_params, params, share) if self.config.init == "loo" else global_params
-            result = self.train_on_client(client_id, start, round_, LOCAL_TRAINING, steps=self.clipped(rule_steps))
+            result = yield self.train_task(client_id, start, round_, LOCAL_TRAINING, steps=self.clipped(rule_steps))
         self.store.set(client_id, "selffl_rule_steps", None if plan is None else plan[1])
         count, mean, m2 = welford_update(self.store.get(client_id, "selffl_count", 0),
                                          self.store.get(client_id, "selffl_mean"),

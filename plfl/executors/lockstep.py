@@ -1,0 +1,114 @@
+"""Lock-step schedules and stacked states of the vectorized executor, and the models it runs exactly.
+
+A client's work is a (S, W) table of sample indices, one row per step, with
+-1 padding a short batch. Stacked for a cohort of clients sorted by S
+(longest first), the clients still working at step s are the first
+``active[s]``, so a finished client costs nothing and the shapes of a step
+depend only on how many are active.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from plfl.client import epoch_order
+from plfl.models import BodyHeadModel
+from plfl.state import Params
+
+
+# Layers whose forward is the same in training and evaluation mode and that vmap runs.
+SUPPORTED = (BodyHeadModel, nn.Sequential, nn.Linear, nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Identity)
+
+
+def unsupported(model: nn.Module, precision: str) -> Optional[str]:
+    """Why the vectorized executor cannot run ``model`` exactly at ``precision``; None if it can."""
+    if precision != "32-true":
+        return f"trainer.precision={precision} (it computes in float32 only)"
+    for module in model.modules():
+        if isinstance(module, _BatchNorm):
+            return "the model's BatchNorm layers update running statistics"
+        if type(module) not in SUPPORTED:
+            return f"the model has a {type(module).__name__} layer"
+    return None
+
+
+def shuffled_rows(n: int, batch_size: int, seed: int, epochs: Optional[int] = None,
+                  steps: Optional[int] = None) -> torch.Tensor:
+    """(S, batch_size) int64: the mini-batches of ``LocalTrainer.train`` on n samples with ``seed``, in order.
+
+    Each local epoch visits :func:`plfl.client.epoch_order` in batches, its last
+    one short (padded with -1); ``steps`` counts batches across epochs, as
+    Lightning's ``max_steps`` does. Without the BatchNorm rule (a model with
+    BatchNorm falls back to the sequential executor).
+    """
+    if n == 0:
+        return torch.empty(0, batch_size, dtype=torch.long)
+    pad = (-n) % batch_size
+
+    def epoch(k: int) -> torch.Tensor:
+        order = epoch_order(n, seed, k)
+        return torch.cat([order, order.new_full((pad,), -1)]).view(-1, batch_size)
+
+    if epochs is not None:
+        return torch.cat([epoch(k) for k in range(epochs)])
+    per_epoch = (n + pad) // batch_size
+    return torch.cat([epoch(k) for k in range(-(-steps // per_epoch))])[:steps]
+
+
+def ordered_rows(n: int, width: int) -> torch.Tensor:
+    """(⌈n / width⌉, width) int64: 0..n-1 in order, the last row padded with -1 (evaluation)."""
+    return torch.cat([torch.arange(n), torch.full(((-n) % width,), -1)]).view(-1, width)
+
+
+@dataclass
+class Split:
+    """Every client's samples of one split, concatenated on one device: client i holds rows
+    ``offsets[i] : offsets[i] + sizes[i]`` of ``x`` (N, *input_shape) and ``y`` (N,)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    offsets: list[int]
+    sizes: list[int]
+
+    @classmethod
+    def of(cls, parts: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> Split:
+        sizes = [len(y) for _, y in parts]
+        offsets = torch.tensor([0, *sizes]).cumsum(0)[:-1].tolist()
+        return cls(torch.cat([x for x, _ in parts]).to(device), torch.cat([y for _, y in parts]).to(device),
+                   offsets, sizes)
+
+    def schedule(self, offsets: list[int], rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """For a cohort whose member c reads the rows from ``offsets[c]`` on, with ``rows[c]`` (S_c, W) in
+        non-increasing S_c: the (S, C, W) int64 indices into ``x``, the (S, C, W) float mask of real samples
+        (padding: some valid index, mask 0), and how many members are active at each step."""
+        steps, width = rows[0].shape
+        index = torch.zeros(steps, len(rows), width, dtype=torch.long)
+        mask = torch.zeros(steps, len(rows), width)
+        for c, (offset, r) in enumerate(zip(offsets, rows)):
+            index[: len(r), c] = r.clamp(min=0) + offset
+            mask[: len(r), c] = r >= 0
+        lengths = torch.tensor([len(r) for r in rows])
+        active = (lengths > torch.arange(steps).unsqueeze(1)).sum(1).tolist()
+        device = self.x.device
+        return index.to(device), mask.to(device), active
+
+
+def stack(states: list[Params], device: torch.device, keys: Optional[list[str]] = None) -> Params:
+    """The clients' tensors of each key (default: all of the first state's) stacked on a new leading axis."""
+    return {k: torch.stack([s[k] for s in states]).to(device) for k in keys or states[0]}
+
+
+def unstack(state: Params, count: int) -> list[Params]:
+    """Each client's own copy on the CPU (a view would keep the whole stack alive in the store)."""
+    cpu = {k: v.cpu() for k, v in state.items()}
+    return [{k: v[c].clone() for k, v in cpu.items()} for c in range(count)]
+
+
+def first_rows(state: Optional[Params], k: int) -> Optional[Params]:
+    """The first ``k`` clients' slices of a stacked state (views: updates reach the stack)."""
+    return None if state is None else {name: v[:k] for name, v in state.items()}

@@ -1,0 +1,152 @@
+"""The vectorized executor: a round's clients trained and evaluated together, stacked on a client axis.
+
+Tasks of one ``train`` call with the same options (epochs or steps, trainable set, proximal μ) train in cohorts
+of at most ``cohort_size`` clients: their states are stacked on a leading axis, and each step trains every client
+on its own next mini-batch with ``vmap(grad(loss))`` over ``functional_call`` (torch.func), in exactly the batch
+order ``LocalTrainer`` gives that client alone. The update is ``torch.optim.SGD``'s (v ← m·v + g, v = g at the
+first step; θ ← θ − lr·v) on the trainable parameters; the loss is the batch-mean cross-entropy, padding masked
+out, plus the proximal term. Evaluation stacks the models the same way. Data and states stay on the device; a
+cohort synchronises once, at its end. What it cannot run exactly (:func:`plfl.executors.lockstep.unsupported`,
+``data.augment``) goes to the sequential executor with a one-time ``PlflWarning``.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections import defaultdict
+from functools import cached_property, partial
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from plfl.client import EVAL_BATCH_SIZE, EvalResult, LocalTrainer, TrainResult
+from plfl.data import FederatedData
+from plfl.errors import PlflError, PlflWarning
+from plfl.executors.lockstep import Split, first_rows, ordered_rows, shuffled_rows, stack, unstack, unsupported
+from plfl.executors.sequential import SequentialExecutor
+from plfl.executors.tasks import ClientFailure, EvalTask, TrainTask, checked, raised
+from plfl.state import Params
+
+
+class VectorizedExecutor:
+    """Trains and evaluates cohorts of clients in lock-step on ``device`` (see the module docstring)."""
+
+    def __init__(self, data: FederatedData, trainer: LocalTrainer, device: torch.device,
+                 cohort_size: Optional[int], precision: str):
+        self.data, self.device, self.cohort_size = data, device, cohort_size
+        self.sequential = SequentialExecutor(data, trainer)
+        module = trainer.module
+        self.batch_size, self.lr, self.momentum = trainer.batch_size, module.lr, module.momentum
+        self.model = copy.deepcopy(module.model).to(device)  # the architecture; states come with the tasks
+        self.eval_reason = unsupported(module.model, precision)
+        augment = "data.augment draws random crops and flips" if module.train_transform is not None else None
+        self.train_reason = self.eval_reason or augment
+        self.noticed: set[str] = set()
+
+    def train(self, tasks: list[TrainTask]) -> list[TrainResult | ClientFailure]:
+        if self.train_reason:
+            return self._fall_back(self.train_reason, self.sequential.train, tasks)
+        if any(task.samples is not None for task in tasks):
+            return self._fall_back("a task trains on part of a client's training split (FedFomo's validation "
+                                   "hold-out)", self.sequential.train, tasks)
+        groups = defaultdict(list)
+        for i, t in enumerate(tasks):
+            groups[t.epochs, t.steps, t.trainable, None if t.proximal is None else t.proximal.mu].append(i)
+        outcomes: list = [None] * len(tasks)
+        for group in groups.values():
+            rows = {i: shuffled_rows(self.data.clients[tasks[i].client_id].num_train, self.batch_size,
+                                     tasks[i].seed, tasks[i].epochs, tasks[i].steps) for i in group}
+            for cohort in self._cohorts(sorted(group, key=lambda i: -len(rows[i]))):
+                try:
+                    results = self._train_cohort([tasks[i] for i in cohort], [rows[i] for i in cohort])
+                except PlflError:
+                    raise
+                except Exception as error:  # noqa: BLE001  the cohort's clients fail, the federation goes on
+                    results = [raised(error)] * len(cohort)
+                for i, result in zip(cohort, results):
+                    outcomes[i] = result
+        return outcomes
+
+    def _train_cohort(self, tasks: list[TrainTask], rows: list[torch.Tensor]) -> list[TrainResult | ClientFailure]:
+        first = tasks[0]
+        state = stack([t.params for t in tasks], self.device)
+        names = [n for n, _ in self.model.named_parameters() if first.trainable is None or n in first.trainable]
+        params = {k: state[k] for k in names}
+        fixed = {k: v for k, v in state.items() if k not in params}
+        anchor = None if first.proximal is None else stack([t.proximal.anchor for t in tasks], self.device, names)
+        mu = None if first.proximal is None else first.proximal.mu
+        step = vmap(grad(partial(self._loss, mu=mu), has_aux=True), in_dims=(0, 0, 0, 0, 0, None if mu is None else 0))
+        index, mask, active = self.train_split.schedule([self.train_split.offsets[t.client_id] for t in tasks], rows)
+        velocity = {k: torch.zeros_like(v) for k, v in params.items()} if self.momentum else {}
+        loss_sum = torch.zeros(len(tasks), device=self.device)
+        for s, k in enumerate(active):
+            x, y = self.train_split.x[index[s, :k]], self.train_split.y[index[s, :k]]
+            grads, losses = step(first_rows(params, k), first_rows(fixed, k), x, y, mask[s, :k], first_rows(anchor, k))
+            loss_sum[:k] += losses
+            for name, g in grads.items():
+                if self.momentum:  # torch.optim.SGD's buffer: the first step's is the gradient (0·m + g)
+                    g = velocity[name][:k].mul_(self.momentum).add_(g)
+                params[name][:k].add_(g, alpha=-self.lr)
+        samples = [int((r >= 0).sum()) for r in rows]
+        losses = loss_sum.cpu().tolist()  # the cohort's one synchronisation
+        return [checked(TrainResult(p, losses[c] / samples[c] if samples[c] else math.nan, samples[c]))
+                for c, p in enumerate(unstack(state, len(tasks)))]
+
+    def _loss(self, params: Params, fixed: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
+              anchor: Optional[Params], mu: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One client's batch-mean cross-entropy (+ μ/2 ‖θ − anchor‖²), and its summed cross-entropy."""
+        logits = functional_call(self.model, {**params, **fixed}, (x,), strict=True)
+        summed = (F.cross_entropy(logits, y, reduction="none") * mask).sum()
+        loss = summed / mask.sum()
+        if anchor is not None:
+            loss = loss + mu / 2 * torch.stack([(p - anchor[k]).pow(2).sum() for k, p in params.items()]).sum()
+        return loss, summed.detach()
+
+    def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
+        if self.eval_reason:
+            return self._fall_back(self.eval_reason, self.sequential.evaluate, tasks)
+        split = self.test_split
+        spans = [(0, len(split.y)) if t.client_id is None else (split.offsets[t.client_id], split.sizes[t.client_id])
+                 for t in tasks]
+        clients = sorted((i for i, t in enumerate(tasks) if t.client_id is not None), key=lambda i: -spans[i][1])
+        results: list = [None] * len(tasks)
+        for cohort in [*self._cohorts(clients), *([i] for i, t in enumerate(tasks) if t.client_id is None)]:
+            width = max(1, EVAL_BATCH_SIZE // len(cohort))
+            index, mask, active = split.schedule([spans[i][0] for i in cohort],
+                                                 [ordered_rows(spans[i][1], width) for i in cohort])
+            state = stack([tasks[i].params for i in cohort], self.device)
+            forward = vmap(partial(functional_call, self.model, strict=True))
+            correct, loss_sum = torch.zeros(2, len(cohort), device=self.device)
+            with torch.no_grad():
+                for s, k in enumerate(active):
+                    logits = forward(first_rows(state, k), (split.x[index[s, :k]],))
+                    y, m = split.y[index[s, :k]], mask[s, :k]
+                    correct[:k] += ((logits.argmax(-1) == y) * m).sum(1)
+                    loss_sum[:k] += (F.cross_entropy(logits.transpose(1, 2), y, reduction="none") * m).sum(1)
+            for i, c, loss in zip(cohort, correct.cpu().tolist(), loss_sum.cpu().tolist()):
+                n = spans[i][1]
+                results[i] = EvalResult(int(c), n, loss / n if n else math.nan)
+        return results
+
+    @cached_property
+    def train_split(self) -> Split:
+        return Split.of([(c.x_train, c.y_train) for c in self.data.clients], self.device)
+
+    @cached_property
+    def test_split(self) -> Split:
+        return Split.of([(c.x_test, c.y_test) for c in self.data.clients], self.device)
+
+    def _cohorts(self, order: list[int]) -> list[list[int]]:
+        size = self.cohort_size or max(len(order), 1)
+        return [order[i:i + size] for i in range(0, len(order), size)]
+
+    def _fall_back(self, reason: str, run, tasks: list):
+        if tasks and reason not in self.noticed:
+            self.noticed.add(reason)
+            warnings.warn(PlflWarning(f"federation.executor=vectorized runs this work on the sequential executor: "
+                                      f"{reason}."), stacklevel=3)
+        return run(tasks)
+
