@@ -36,7 +36,7 @@ warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")
 
 
 class TensorBatches(Dataset):
-    """Samples ``(x[i], y[i])`` fetched a whole batch at a time (one indexing op per batch)."""
+    """Batches ``(x[index], y[index])`` for a tensor ``index`` of sample indices (one indexing op per batch)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor):
         self.x, self.y = x, y
@@ -44,13 +44,12 @@ class TensorBatches(Dataset):
     def __len__(self) -> int:
         return len(self.y)
 
-    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.as_tensor(indices)
+    def __getitem__(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[index], self.y[index]
 
 
 def _as_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return batch  # __getitems__ already returns the collated batch
+    return batch  # TensorBatches already returns the collated batch
 
 
 class EpochShuffle(Sampler[int]):
@@ -77,8 +76,12 @@ class EpochShuffle(Sampler[int]):
     def __len__(self) -> int:
         return self.size
 
+    def order(self) -> torch.Tensor:
+        """This epoch's (size,) int64 indices."""
+        return epoch_order(self.n, self.seed, self.epoch - self.first_epoch)[: self.size]
+
     def __iter__(self) -> Iterator[int]:
-        yield from epoch_order(self.n, self.seed, self.epoch - self.first_epoch)[: self.size].tolist()
+        yield from self.order().tolist()
 
 
 def epoch_order(n: int, seed: int, local_epoch: int) -> torch.Tensor:
@@ -87,12 +90,33 @@ def epoch_order(n: int, seed: int, local_epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, local_epoch, 0, SHUFFLING)))
 
 
+class IndexBatches(Sampler[torch.Tensor]):
+    """``shuffle``'s order each epoch (None: 0..n-1) in index tensors of ``batch_size`` (the last may be
+    smaller). Slicing one index tensor per epoch avoids a BatchSampler's per-sample Python ints."""
+
+    def __init__(self, n: int, batch_size: int, shuffle: Optional[EpochShuffle] = None):
+        self.n, self.batch_size, self.shuffle = n, batch_size, shuffle
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle is not None:
+            self.shuffle.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return -(-(self.n if self.shuffle is None else len(self.shuffle)) // self.batch_size)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        order = torch.arange(self.n) if self.shuffle is None else self.shuffle.order()
+        return iter(order.split(self.batch_size))
+
+
 def batch_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: Optional[int] = None,
                  first_epoch: int = 0, size: Optional[int] = None) -> DataLoader:
     """Mini-batches of ``(x, y)``, reshuffled each epoch from ``seed`` (:class:`EpochShuffle`; None: in order);
-    with a seed, ``size`` samples of each epoch's order (default all)."""
-    sampler = None if seed is None else EpochShuffle(len(y), seed, first_epoch, size)
-    return DataLoader(TensorBatches(x, y), batch_size=batch_size, sampler=sampler, collate_fn=_as_batch)
+    with a seed, ``size`` samples of each epoch's order (default all). ``loader.sampler.set_epoch`` picks the
+    epoch's order."""
+    shuffle = None if seed is None else EpochShuffle(len(y), seed, first_epoch, size)
+    sampler = IndexBatches(len(y), batch_size, shuffle)
+    return DataLoader(TensorBatches(x, y), sampler=sampler, batch_size=None, collate_fn=_as_batch)
 
 
 class ClientModule(L.LightningModule):
