@@ -309,9 +309,6 @@ class LocalTrainer:
 
 
 def build_trainer(accelerator: str, devices: int, precision: str) -> L.Trainer:
-    """The one Trainer of a run: no loggers, checkpoints, summaries or sanity checks per client."""
-    return L.Trainer(
-        accelerator=accelerator, devices=devices, precision=precision,
-        max_epochs=1, logger=False, enable_checkpointing=False, enable_model_summary=False,
-        enable_progress_bar=False, num_sanity_val_steps=0,
-    )
+    """The one Trainer of a run, in Lightning's barebones mode: no loggers, checkpoints, summaries,
+    progress bars or sanity checks per client, and no per-step logging checks (``log_every_n_steps=0``)."""
+    return L.Trainer(accelerator=accelerator, devices=devices, precision=precision, max_epochs=1, barebones=True)
