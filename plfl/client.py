@@ -145,6 +145,9 @@ class ClientModule(L.LightningModule):
         self.proximal: Optional[ProximalTerm] = None  # set by LocalTrainer.train for one fit
         self.train_transform = train_transform
         self.generator = torch.Generator()  # reseeded by LocalTrainer.train for every fit
+        # Lightning's manual optimization: the same zero_grad, backward and step per batch, without the
+        # automatic loop's closure and its per-step hook calls (measured in the commit that added this).
+        self.automatic_optimization = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
@@ -155,17 +158,21 @@ class ClientModule(L.LightningModule):
         if self.proximal is not None:  # the anchor moves to the model's device once per fit
             self.proximal = self.proximal.to(self.device)
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        """One SGD step on ``batch``: x (B, *input_shape), y (B,) int64 labels."""
         x, y = batch
         if self.train_transform is not None:
             x = self.train_transform(x, self.generator)
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
         loss = F.cross_entropy(self.model(x), y)
         # Summed as a tensor: a .item() per step would synchronise every batch on a GPU.
         self._loss_sum += loss.detach() * len(y)
         self.samples_seen += len(y)
         if self.proximal is not None:
             loss = loss + self.proximal.penalty(self.model)
-        return loss
+        self.manual_backward(loss)
+        optimizer.step()
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
