@@ -166,8 +166,9 @@ class ClientModule(L.LightningModule):
         optimizer = self.optimizers()
         optimizer.zero_grad()
         loss = F.cross_entropy(self.model(x), y)
-        # Summed as a tensor: a .item() per step would synchronise every batch on a GPU.
-        self._loss_sum += loss.detach() * len(y)
+        # Summed as a tensor: a .item() per step would synchronise every batch on a GPU. In place: `+=` on a
+        # buffer also reassigns it through nn.Module.__setattr__.
+        self._loss_sum.add_(loss.detach() * len(y))
         self.samples_seen += len(y)
         if self.proximal is not None:
             loss = loss + self.proximal.penalty(self.model)
