@@ -149,6 +149,15 @@ class ClientModule(L.LightningModule):
         # automatic loop's closure and its per-step hook calls (measured in the commit that added this).
         self.automatic_optimization = False
 
+    def __setattr__(self, name: str, value: object) -> None:
+        # nn.Module.__setattr__ checks each assignment against the parameters, buffers and submodules, and
+        # Lightning assigns the module's _current_fx_name twice per hook call, some 30 times a step. An
+        # existing plain attribute given anything but a tensor or module ends in object.__setattr__ there.
+        if name in self.__dict__ and not isinstance(value, (torch.Tensor, nn.Module)):
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.model(x)
 

@@ -1,0 +1,36 @@
+"""plfl.client's loader and ClientModule's attribute handling."""
+
+import torch
+from torch import nn
+
+from plfl.client import ClientModule, EpochShuffle, batch_loader
+
+
+def test_batch_loader_cuts_each_epochs_shuffle_into_batches():
+    x, y = torch.arange(23.0).unsqueeze(1), torch.arange(23)
+    loader = batch_loader(x, y, 5, seed=7, first_epoch=2, size=22)
+    shuffle = EpochShuffle(23, seed=7, first_epoch=2, size=22)
+    orders = []
+    for epoch in (2, 3):
+        loader.sampler.set_epoch(epoch)
+        shuffle.set_epoch(epoch)
+        batches = list(loader)
+        assert len(loader) == 5 and [len(yb) for _, yb in batches] == [5, 5, 5, 5, 2]
+        assert all(torch.equal(xb.squeeze(1), yb.float()) for xb, yb in batches)  # x and y stay paired
+        orders.append(torch.cat([yb for _, yb in batches]).tolist())
+        assert orders[-1] == list(shuffle)
+    assert orders[0] != orders[1]
+    in_order = [yb.tolist() for _, yb in batch_loader(x, y, 10)]
+    assert in_order == [list(range(10)), list(range(10, 20)), [20, 21, 22]]
+
+
+def test_client_module_attributes_keep_nn_module_semantics():
+    module = ClientModule(nn.Linear(2, 2), 2, lr=0.1)
+    module.samples_seen = 5
+    assert module.samples_seen == 5
+    module._loss_sum = torch.ones(())  # a buffer stays a buffer
+    assert torch.equal(module._buffers["_loss_sum"], torch.ones(()))
+    module.extra = nn.Linear(1, 1)
+    assert "extra" in module._modules
+    module.samples_seen = nn.Parameter(torch.zeros(1))  # a plain attribute turned parameter, as in nn.Module
+    assert "samples_seen" in module._parameters and "samples_seen" not in module.__dict__
