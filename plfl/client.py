@@ -141,6 +141,7 @@ class ClientModule(L.LightningModule):
         self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
         self.test_loss = torchmetrics.MeanMetric()
         self.register_buffer("_loss_sum", torch.zeros(()), persistent=False)
+        self._step_losses: list[tuple[torch.Tensor, int]] = []  # (loss, batch size) per step of the fit
         self.samples_seen = 0
         self.proximal: Optional[ProximalTerm] = None  # set by LocalTrainer.train for one fit
         self.train_transform = train_transform
@@ -163,6 +164,7 @@ class ClientModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self._loss_sum.zero_()
+        self._step_losses = []
         self.samples_seen = 0
         if self.proximal is not None:  # the anchor moves to the model's device once per fit
             self.proximal = self.proximal.to(self.device)
@@ -175,14 +177,19 @@ class ClientModule(L.LightningModule):
         optimizer = self.optimizers()
         optimizer.zero_grad()
         loss = F.cross_entropy(self.model(x), y)
-        # Summed as a tensor: a .item() per step would synchronise every batch on a GPU. In place: `+=` on a
-        # buffer also reassigns it through nn.Module.__setattr__.
-        self._loss_sum.add_(loss.detach() * len(y))
+        self._step_losses.append((loss.detach(), len(y)))  # summed in on_train_end
         self.samples_seen += len(y)
         if self.proximal is not None:
             loss = loss + self.proximal.penalty(self.model)
         self.manual_backward(loss)
         optimizer.step()
+
+    def on_train_end(self) -> None:
+        # Summed as tensors (a .item() per step would synchronise every batch on a GPU), in step order: the
+        # same float sums as at every step, where each tensor op costs several times more (the forward
+        # pass has just evicted the caches). Here, before the fit's teardown moves the module.
+        for loss, batch_size in self._step_losses:
+            self._loss_sum.add_(loss * batch_size)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         x, y = batch
