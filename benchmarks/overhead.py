@@ -4,7 +4,7 @@ Usage: python benchmarks/overhead.py [--data ../shared/data/fedala-mnist-dir0.1]
 
 Both train the same 4-layer CNN object (so both channels_last: ClientModule converts it) for one
 epoch with SGD (lr 0.005, batch 10) from the same parameters, in the same batch order: the plain
-loop draws plfl's permutation for local epoch 0 (``torch.randperm`` from the same derived seed) and
+loop draws plfl's permutation for local epoch 0 (``epoch_order``: one ``torch.randperm``) and
 indexes the tensors with slices of it, the cheapest way to shuffle; the script checks that both end
 with identical parameters. plfl's time also covers what a client-round needs beyond the loop:
 loading the start parameters (both do), reading the trained ones back, and the mean loss.
@@ -24,18 +24,16 @@ import time
 import torch
 import torch.nn.functional as F
 
-from plfl.client import ClientModule, LocalTrainer, build_trainer
+from plfl.client import ClientModule, LocalTrainer, build_trainer, epoch_order
 from plfl.config import DataConfig
 from plfl.data import load_federated_data
 from plfl.models import build_model
-from plfl.seeding import SHUFFLING, derive_seed
 
 
 def plain_epoch(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.005)
     model.train()
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(derive_seed(seed, 0, 0, SHUFFLING)))
-    for index in order.split(batch_size):
+    for index in epoch_order(len(y), seed, 0).split(batch_size):
         optimizer.zero_grad()
         F.cross_entropy(model(x[index]), y[index]).backward()
         optimizer.step()
