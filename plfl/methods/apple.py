@@ -37,8 +37,7 @@ from torch import nn
 from torch.func import functional_call
 
 from plfl.client import TrainResult
-from plfl.errors import ConfigError
-from plfl.methods.base import FederationContext, Method
+from plfl.methods.base import FederationContext, Method, require_plain_steps
 from plfl.methods.batches import client_batches
 from plfl.methods.schemas import APPLEConfig
 from plfl.seeding import LOCAL_TRAINING, derive_seed
@@ -94,9 +93,7 @@ class APPLE(Method):
 
     def __init__(self, config: APPLEConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        if context.federation.momentum != 0:
-            raise ConfigError(f"apple takes plain gradient steps in the core models and p_i and has no use for "
-                              f"federation.momentum (now {context.federation.momentum}); set federation.momentum=0.")
+        require_plain_steps("apple", context.federation, "the core models and p_i")
         self.parameter_names = [name for name, _ in context.model.named_parameters()]
         clients = context.data.clients
         self.cores = {k: torch.stack([v] * len(clients)) for k, v in initial_params.items()}  # w_j^(c): (N, ...)

@@ -29,6 +29,7 @@ from torch import nn
 from plfl.client import LocalTrainer, TrainResult
 from plfl.config import FederationConfig
 from plfl.data import FederatedData
+from plfl.errors import ConfigError
 from plfl.executors.tasks import Trains, TrainTask
 from plfl.methods.ala import AdaptiveLocalAggregation
 from plfl.methods.schemas import ALAConfig, MethodConfig
@@ -45,6 +46,17 @@ class FederationContext:
     model: nn.Module  # the architecture (its own weights are not the global model)
     local_trainer: LocalTrainer  # the sequential executor's; methods train by yielding tasks
     federation: FederationConfig
+
+
+def require_plain_steps(method: str, federation: FederationConfig, steps: str) -> None:
+    """Refuse ``federation.momentum`` for a method whose own loop takes plain gradient ``steps``.
+
+    Raises:
+        ConfigError: ``federation.momentum`` is not 0.
+    """
+    if federation.momentum != 0:
+        raise ConfigError(f"{method} takes plain gradient steps in {steps} and has no use for federation.momentum "
+                          f"(now {federation.momentum}); set federation.momentum=0.")
 
 
 class Method:

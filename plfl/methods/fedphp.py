@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from plfl.client import TrainResult
-from plfl.errors import ConfigError
-from plfl.methods.base import FederationContext
+from plfl.methods.base import FederationContext, require_plain_steps
 from plfl.methods.batches import Batch, client_batches
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.schemas import FedPHPConfig
@@ -96,9 +95,7 @@ class FedPHP(FedAvg):
 
     def __init__(self, config: FedPHPConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        if context.federation.momentum != 0:
-            raise ConfigError(f"fedphp takes plain SGD steps and has no use for federation.momentum (now "
-                              f"{context.federation.momentum}); set federation.momentum=0.")
+        require_plain_steps("fedphp", context.federation, "w (its loss has the MMD term)")
         self.parameter_names = [name for name, _ in context.model.named_parameters()]
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:

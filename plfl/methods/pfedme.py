@@ -31,8 +31,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value
 
 from plfl.client import TrainResult, batch_loader
-from plfl.errors import ConfigError
-from plfl.methods.base import FederationContext
+from plfl.methods.base import FederationContext, require_plain_steps
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.schemas import PFedMeConfig
 from plfl.seeding import LOCAL_TRAINING, derive_seed
@@ -74,9 +73,7 @@ class PFedMe(FedAvg):
 
     def __init__(self, config: PFedMeConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        if context.federation.momentum != 0:
-            raise ConfigError(f"pfedme takes plain gradient steps (Alg. 1) and has no use for federation.momentum "
-                              f"(now {context.federation.momentum}); set federation.momentum=0.")
+        require_plain_steps("pfedme", context.federation, "θ and w (Alg. 1)")
         model = context.model
         self.parameter_names = [name for name, _ in model.named_parameters()]
 
