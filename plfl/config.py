@@ -96,7 +96,7 @@ class DataConfig:
         }
         # Keys that only some sources read.
         source_keys = {"cache_dir": ("imagefolder",), "train_file": ("agnews",), "test_file": ("agnews",),
-                       "vocab_size": ("agnews",), "max_length": ("agnews",), "min_chars": ("shakespeare",),
+                       "vocab_size": ("agnews", "leaf"), "max_length": ("agnews", "leaf"), "min_chars": ("shakespeare",),
                        "image_shape": ("leaf",), "num_classes": ("leaf",)}
         for f in dataclasses.fields(self):
             readers = source_keys.get(f.name)

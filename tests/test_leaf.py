@@ -120,11 +120,12 @@ MALFORMED = {
                                   r"{r}/train.json, user 'w1': row 1 of 'x' has 5 values, but "
                                   r"data.image_shape=\[1, 2, 2\] needs 4"),
     "x row not a list": (set_user("test", "w2", x=[0.5]), r"{r}/test.json, user 'w2': row 0 of 'x' has a float"),
-    "x of text": (set_user("train", "w1", x=[["1467810369", "@user good morning"]] * 2),
-                  r"{r}/train.json, user 'w1': 'x' holds text .* text is not supported yet"),
+    "text among images": (set_user("train", "w1", x=["good morning", "bad night"]),
+                          r"{r}/train.json, user 'w1': 'x' holds text, but data.image_shape=\[1, 2, 2\] is set"),
     "fractional label": (set_user("train", "w2", y=[3, 0.5, 1]), r"{r}/train.json, user 'w2': 'y' holds 0.5; "
                          r"LEAF's labels are integer class indices >= 0"),
-    "string label": (set_user("test", "w1", y=["a"]), r"{r}/test.json, user 'w1': 'y' holds \"a\""),
+    "string label": (set_user("test", "w1", y=["a"]), r"{r}/test.json, user 'w1': 'y' holds \"a\".*"
+                     r"LEAF's Shakespeare: use data.source=shakespeare"),
     "negative label": (set_user("test", "w1", y=[-1]), r"{r}/test.json, user 'w1': 'y' holds -1"),
     "user without test samples": (set_user("test", "w1", x=[], y=[]),
                                   r"User 'w1' has no test samples in {r}/test.json. Every client needs at least one"),
@@ -151,6 +152,60 @@ def test_a_user_twice_in_one_split_is_refused(tmp_path):
     leaf_json(tmp_path / "test.json", TEST)
     with pytest.raises(DataError, match=r"User 'w1' appears in both .*train/a.json and .*train/b.json"):
         read(tmp_path)
+
+
+def tweet(user: str, text: str) -> list[str]:
+    """A row of LEAF's Sent140: [tweet id, date, query, user, text]."""
+    return ["1467810369", "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", user, text]
+
+
+SENT140_TRAIN = {"u2": ([tweet("u2", "Good good day"), tweet("u2", "awful day !")], [1, 0]),
+                 "u1": ([tweet("u1", "good night")], [1])}
+SENT140_TEST = {"u1": ([tweet("u1", "awful unseen words")], [0]), "u2": ([tweet("u2", "good")], [1])}
+
+
+def read_text(root: Path, **keys) -> object:
+    return load_federated_data(DataConfig(source="leaf", root=str(root), **keys), 0)
+
+
+def test_sent140_records_become_token_ids_from_the_training_texts_vocabulary(tmp_path):
+    data = read_text(write_femnist_like(tmp_path, SENT140_TRAIN, SENT140_TEST), max_length=4)
+    # Training words by count, ties in string order: good 3, day 2, !, awful, night; then [PAD] 0 and [UNK] 1.
+    good, day, bang, awful, night = 2, 3, 4, 5, 6
+    assert data.vocab_size == 7 and data.input_shape == (4,) and data.num_classes == 2
+    u1, u2 = data.clients
+    assert u2.x_train.tolist() == [[good, good, day, 0], [awful, day, bang, 0]] and u2.y_train.tolist() == [1, 0]
+    assert u1.x_train.tolist() == [[good, night, 0, 0]] and u2.x_test.tolist() == [[good, 0, 0, 0]]
+    assert u1.x_test.tolist() == [[awful, 1, 1, 0]]  # test-only words are unknown: the vocabulary saw no test text
+    assert read_text(tmp_path, max_length=2, vocab_size=4).clients[1].x_train.tolist() == [[2, 2], [1, 3]]
+
+
+def test_plain_text_rows_read_as_the_records_last_field(tmp_path):
+    plain = {split: {u: ([row[-1] for row in x], y) for u, (x, y) in users.items()}
+             for split, users in (("train", SENT140_TRAIN), ("test", SENT140_TEST))}
+    records = read_text(write_femnist_like(tmp_path / "records", SENT140_TRAIN, SENT140_TEST))
+    rows = read_text(write_femnist_like(tmp_path / "plain", plain["train"], plain["test"]))
+    for a, b in zip(records.clients, rows.clients, strict=True):
+        assert all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("x_train", "y_train", "x_test", "y_test"))
+
+
+def test_a_text_row_that_is_neither_a_string_nor_a_record_is_refused(tmp_path):
+    root = write_femnist_like(tmp_path, SENT140_TRAIN, SENT140_TEST)
+    set_user("train", "u1", x=[["1", "date", 7]])(root)
+    with pytest.raises(DataError, match=r"train.json, user 'u1': row 0 of 'x' is \[\"1\", \"date\", 7\]; text rows "
+                                        r"are strings or LEAF's Sent140 records"):
+        read_text(root)
+
+
+def test_a_text_federation_trains_through_plfl_fit(tmp_path):
+    root = write_femnist_like(tmp_path / "sent140", SENT140_TRAIN, SENT140_TEST)
+    out = tmp_path / "runs"
+    status = main(["fit", "--config", str(ROOT / "configs" / "fedavg-femnist.yaml"), f"data.root={root}",
+                   "data.image_shape=null", "data.max_length=5", "model.name=fasttext", "federation.rounds=1",
+                   f"output_dir={out}", "progress_bar=false", "logger.name=csv"])
+    assert status == 0
+    metrics = next(out.rglob("metrics.csv")).read_text().splitlines()
+    assert [row.split(",")[0] for row in metrics] == ["round", "0", "1"]
 
 
 def test_image_shape_is_required_and_named_with_the_row_length(tmp_path):

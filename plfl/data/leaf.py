@@ -9,7 +9,12 @@ is re-partitioned. Clients are ordered by user id, as LEAF's own
 Image-valued ``x`` (FEMNIST: 784 floats per row, a row-major 28×28 grey image,
 **1.0 = white background, ink dark**, the reverse of MNIST) is kept as LEAF
 stores it: LEAF's FEMNIST CNN reads the values unchanged, without rescaling.
-Text-valued ``x`` (Sent140, Shakespeare) is refused for now.
+Text-valued ``x`` (Sent140: each row LEAF's tweet record ``[id, date, query,
+user, text]``, or a plain string per sample) becomes token ids with the word
+tokenizer AG News uses (:mod:`plfl.data.text`), its vocabulary trained on the
+training texts of all users. LEAF's Shakespeare files (80-character strings
+labelled by a character) are refused: ``data.source=shakespeare`` builds that
+task from the play text.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 
 from plfl.config import DataConfig
 from plfl.data.federated import ClientData, FederatedData
+from plfl.data.text import encode, train_tokenizer
 from plfl.errors import DataError
 
 REGENERATE = "Regenerate the files with LEAF's preprocess.sh or restore the originals."
@@ -42,8 +48,10 @@ def load_leaf(cfg: DataConfig) -> FederatedData:
 
     Returns:
         ``FederatedData`` with ``x_*`` float32 ``(n, *data.image_shape)`` holding
-        LEAF's values unchanged (FEMNIST: [0, 1], 1.0 = white background) and
-        ``y_*`` int64 ``(n,)``; ``num_classes`` is ``data.num_classes`` or else
+        LEAF's values unchanged (FEMNIST: [0, 1], 1.0 = white background), or
+        for text int64 token ids ``(n, data.max_length)`` (0 = padding) from a
+        vocabulary of at most ``data.vocab_size`` ids trained on the train
+        split's texts (``vocab_size`` set), and ``y_*`` int64 ``(n,)``; ``num_classes`` is ``data.num_classes`` or else
         the largest label of both splits + 1 (62 for FEMNIST when every class
         occurs).
 
@@ -53,8 +61,10 @@ def load_leaf(cfg: DataConfig) -> FederatedData:
             JSON (with its line) or lacks ``users``/``num_samples``/``user_data``;
             a user is listed without ``user_data`` (or the reverse) or appears
             twice in a split; ``num_samples`` disagrees with the rows; ``x`` is
-            text (not supported yet), has rows of another length than
-            ``data.image_shape`` gives, or ``data.image_shape`` is unset; ``y``
+            images and has rows of another length than
+            ``data.image_shape`` gives, or ``data.image_shape`` is unset; text rows
+            are neither strings nor records ending in one, or text comes with
+            ``data.image_shape`` set; ``y``
             holds something other than integers >= 0; a user is missing from
             one split or has no samples in it; ``data.num_clients`` or
             ``data.num_classes`` disagree with the files.
@@ -92,9 +102,25 @@ def load_leaf(cfg: DataConfig) -> FederatedData:
         raise DataError(f"{path}, user {user!r} holds label {top}, but data.num_classes={num_classes} allows "
                         f"0..{num_classes - 1}. Raise data.num_classes or remove it to count the classes from the "
                         "labels.")
-    clients = [ClientData(*(torch.from_numpy(a) for a in (train[u][0], train[u][1], test[u][0], test[u][1])))
+    x_train, x_test, vocab_size = _inputs(cfg, splits, users)
+    clients = [ClientData(x_train[u], torch.from_numpy(train[u][1]), x_test[u], torch.from_numpy(test[u][1]))
                for u in users]
-    return FederatedData(f"leaf:{root.name}", clients, num_classes, tuple(train[users[0]][0].shape[1:]))
+    return FederatedData(f"leaf:{root.name}", clients, num_classes, tuple(x_train[users[0]].shape[1:]), vocab_size)
+
+
+def _inputs(cfg: DataConfig, splits: dict, users: list[str]) -> tuple[dict, dict, Optional[int]]:
+    """Each user's train and test ``x`` as tensors, and the vocabulary's size for text (None for images).
+
+    Texts become ``data.max_length`` token ids from a vocabulary trained on every user's training texts, in
+    user order, so no test text enters it.
+    """
+    if splits["train"][users[0]][0].dtype != object:  # images (a user of the other kind failed when read)
+        x_train, x_test = ({user: torch.from_numpy(s[user][0]) for user in users} for s in splits.values())
+        return x_train, x_test, None
+    tokenizer = train_tokenizer(np.concatenate([splits["train"][user][0] for user in users]), cfg.vocab_size)
+    x_train, x_test = ({user: encode(tokenizer, s[user][0], cfg.max_length) for user in users}
+                       for s in splits.values())
+    return x_train, x_test, tokenizer.get_vocab_size()
 
 
 def _split_files(root: Path, split: str) -> list[Path]:
@@ -163,7 +189,29 @@ def _read_file(path: Path, shape: Optional[tuple[int, ...]]):
         if not (len(record["x"]) == len(record["y"]) == count):
             raise DataError(f"{where}: 'num_samples' says {count} samples but 'x' has {len(record['x'])} rows and "
                             f"'y' {len(record['y'])} labels; all three must agree. {REGENERATE}")
-        yield user, _images(record["x"], shape, where), _labels(record["y"], where)
+        yield user, _inputs_of(record["x"], shape, where), _labels(record["y"], where)
+
+
+def _inputs_of(rows: list, shape: Optional[tuple[int, ...]], where: str) -> np.ndarray:
+    """One user's ``x``: a 1-D object array of texts, or float32 images ``(n, *shape)``."""
+    first = rows[0] if rows else None
+    if isinstance(first, str) or (isinstance(first, list) and any(isinstance(v, str) for v in first)):
+        return _texts(rows, shape, where)
+    return _images(rows, shape, where)
+
+
+def _texts(rows: list, shape: Optional[tuple[int, ...]], where: str) -> np.ndarray:
+    """The text of each row: the row itself, or the last field of LEAF's Sent140 record
+    ``[id, date, query, user, text]``."""
+    if shape is not None:
+        raise DataError(f"{where}: 'x' holds text, but data.image_shape={list(shape)} is set, which only image "
+                        "data read. Remove data.image_shape.")
+    texts = [row[-1] if isinstance(row, list) and row else row for row in rows]
+    bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
+    if bad is not None:
+        raise DataError(f"{where}: row {bad} of 'x' is {json.dumps(rows[bad])[:80]}; text rows are strings or "
+                        f"LEAF's Sent140 records [id, date, query, user, text]. {REGENERATE}")
+    return np.array(texts, dtype=object)
 
 
 def _images(rows: list, shape: Optional[tuple[int, ...]], where: str) -> np.ndarray:
@@ -171,9 +219,6 @@ def _images(rows: list, shape: Optional[tuple[int, ...]], where: str) -> np.ndar
     if not rows:
         return np.empty((0, *(shape or (0,))), np.float32)
     first = rows[0] if isinstance(rows[0], list) else [rows[0]]
-    if any(isinstance(v, str) for v in first):
-        raise DataError(f"{where}: 'x' holds text (as LEAF's Sent140 and Shakespeare do). data.source=leaf reads "
-                        "only image data (rows of numbers, as FEMNIST) so far: text is not supported yet.")
     length = math.prod(shape) if shape is not None else len(first)
     bad = next((i for i, row in enumerate(rows) if not isinstance(row, list) or len(row) != length), None)
     if bad is not None:
@@ -204,6 +249,7 @@ def _labels(values: list, where: str) -> np.ndarray:
         y = np.array([], dtype=object)
     if y.dtype.kind not in "iu" or y.ndim != 1 or (y < 0).any():
         bad = next((v for v in values if type(v) is not int or not 0 <= v < 2**63), None)
+        shakespeare = " (characters, as in LEAF's Shakespeare: use data.source=shakespeare on the play text)"
         raise DataError(f"{where}: 'y' holds {json.dumps(bad)}; LEAF's labels are integer class indices >= 0 "
-                        f"(FEMNIST: 0-61). {REGENERATE}")
+                        f"(FEMNIST: 0-61, Sent140: 0-1){shakespeare if isinstance(bad, str) else ''}. {REGENERATE}")
     return y.astype(np.int64)
