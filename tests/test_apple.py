@@ -1,5 +1,5 @@
 """APPLE: the step in w_i^(c) and p_i by hand on a linear model, the schedule of μ, what is sent and
-evaluated, momentum refused, and an end-to-end run."""
+evaluated, and an end-to-end run (momentum and data.augment are refused: test_bad_input.py)."""
 
 from pathlib import Path
 
@@ -9,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from plfl.config import load_config
-from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.methods.apple import APPLE, RELATIONSHIPS, local_step, proximal_weight
 from plfl.methods.base import nbytes, numel
@@ -99,11 +98,6 @@ def test_training_moves_only_the_own_core_and_keeps_the_mixture(tiny_federation)
         cores[k][client] = upload[k]
     for key, value in result.params.items():  # the trained personalized model: new p_i over the new own core
         torch.testing.assert_close(value, torch.tensordot(p, cores[key], dims=1))
-
-
-def test_momentum_is_refused_with_the_fix(tiny_federation):
-    with pytest.raises(ConfigError, match="set federation.momentum=0"):
-        make_method(tiny_federation, {"momentum": 0.5})
 
 
 def test_apple_config_runs_end_to_end(digits_config):

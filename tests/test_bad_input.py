@@ -126,3 +126,17 @@ def test_bad_input_is_refused_before_anything_is_written(case, tmp_path, capsys)
     assert err.startswith("plfl fit: ") and "Traceback" not in err
     assert not out.exists()  # no run directory, not even an empty one
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("method", ["pfedme", "perfedavg", "apple", "fedphp"])
+@pytest.mark.parametrize("option, fix", [("federation.momentum=0.5", "set federation.momentum=0."),
+                                         ("data.augment=true",
+                                          "data.augment=true would be ignored. Set data.augment=false.")])
+def test_options_a_methods_own_training_loop_would_ignore_are_refused(method, option, fix, tmp_path, capsys):
+    out = tmp_path / "runs"
+    status = main(["fit", "--config", str(ROOT / "configs" / f"{method}.yaml"), "data.source=digits", "data.root=null",
+                   "model.name=mlp",
+                   option, f"output_dir={out}", "progress_bar=false"])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(f"plfl fit: {method} ") and fix in err, err
+    assert not out.exists()

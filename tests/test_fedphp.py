@@ -1,5 +1,6 @@
 """FedPHP: MMD² by hand, the inheritance weight's schedule and the moving average, the client loop
-against an independent one, what is evaluated and sent, momentum refused, and an end-to-end run."""
+against an independent one, what is evaluated and sent, and an end-to-end run (momentum and data.augment are
+refused: test_bad_input.py)."""
 
 import copy
 import math
@@ -11,7 +12,6 @@ import torch.nn.functional as F
 
 from plfl.client import ClientModule, LocalTrainer, batch_loader, build_trainer
 from plfl.config import FederationConfig, load_config
-from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.methods.base import FederationContext, nbytes
 from plfl.methods.batches import client_batches
@@ -113,11 +113,6 @@ def test_batchnorm_statistics_go_with_w_and_a_single_sample_batch_is_left_out(ti
     assert not torch.equal(result.upload[stats], initial[stats])
     assert torch.equal(result.params[stats], result.upload[stats])  # μ_1 = 0: v_i is w, statistics too
     assert result.upload["body.2.num_batches_tracked"].item() == 3
-
-
-def test_momentum_is_refused_with_the_fix(tiny_federation):
-    with pytest.raises(ConfigError, match="set federation.momentum=0"):
-        make_method(tiny_federation, {"momentum": 0.5})
 
 
 def test_fedphp_config_runs_end_to_end(digits_config):

@@ -1,5 +1,6 @@
 """pFedMe: the K inner steps and the local step by hand, the client loop against an independent one,
-the server's β mix, BatchNorm statistics, momentum refused, and an end-to-end run."""
+the server's β mix, BatchNorm statistics, and an end-to-end run (momentum and data.augment are refused:
+test_bad_input.py)."""
 
 from pathlib import Path
 
@@ -11,7 +12,6 @@ from torch.func import functional_call, grad_and_value
 
 from plfl.client import ClientModule, LocalTrainer, batch_loader, build_trainer
 from plfl.config import FederationConfig, load_config
-from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.methods.base import FederationContext
 from plfl.methods.fedavg import FedAvg
@@ -99,11 +99,6 @@ def test_batchnorm_statistics_stay_with_the_client_and_keys_keep_their_order(tin
     assert list(result.params) == list(result.upload) == list(initial)
     assert not torch.equal(result.params["1.running_mean"], initial["1.running_mean"])
     assert result.params["1.num_batches_tracked"].item() == 6 * 5  # 6 batches × K = 5 inner steps
-
-
-def test_momentum_is_refused_with_the_fix(tiny_federation):
-    with pytest.raises(ConfigError, match="set federation.momentum=0"):
-        make_method(tiny_federation, {"momentum": 0.5})
 
 
 def test_pfedme_config_runs_end_to_end(digits_config):

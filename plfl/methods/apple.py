@@ -93,7 +93,7 @@ class APPLE(Method):
 
     def __init__(self, config: APPLEConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        require_plain_steps("apple", context.federation, "the core models and p_i")
+        require_plain_steps("apple", context, "the core models and p_i")
         self.parameter_names = [name for name, _ in context.model.named_parameters()]
         clients = context.data.clients
         self.cores = {k: torch.stack([v] * len(clients)) for k, v in initial_params.items()}  # w_j^(c): (N, ...)

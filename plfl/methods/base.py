@@ -48,15 +48,20 @@ class FederationContext:
     federation: FederationConfig
 
 
-def require_plain_steps(method: str, federation: FederationConfig, steps: str) -> None:
-    """Refuse ``federation.momentum`` for a method whose own loop takes plain gradient ``steps``.
+def require_plain_steps(method: str, context: FederationContext, steps: str) -> None:
+    """Refuse the options that a method whose own loop takes plain gradient ``steps`` would ignore:
+    ``federation.momentum`` and ``data.augment`` (that loop neither keeps a momentum buffer nor crops
+    and flips its batches).
 
     Raises:
-        ConfigError: ``federation.momentum`` is not 0.
+        ConfigError: ``federation.momentum`` is not 0, or ``data.augment`` is true.
     """
-    if federation.momentum != 0:
+    if context.federation.momentum != 0:
         raise ConfigError(f"{method} takes plain gradient steps in {steps} and has no use for federation.momentum "
-                          f"(now {federation.momentum}); set federation.momentum=0.")
+                          f"(now {context.federation.momentum}); set federation.momentum=0.")
+    if context.local_trainer.module.train_transform is not None:
+        raise ConfigError(f"{method} trains {steps} in a loop of its own, which does not augment its batches; "
+                          "data.augment=true would be ignored. Set data.augment=false.")
 
 
 class Method:

@@ -95,7 +95,7 @@ class FedPHP(FedAvg):
 
     def __init__(self, config: FedPHPConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        require_plain_steps("fedphp", context.federation, "w (its loss has the MMD term)")
+        require_plain_steps("fedphp", context, "w (its loss has the MMD term)")
         self.parameter_names = [name for name, _ in context.model.named_parameters()]
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:

@@ -30,7 +30,7 @@ from torch import nn
 from torch.func import functional_call
 
 from plfl.client import TrainResult, batch_loader
-from plfl.methods.base import FederationContext
+from plfl.methods.base import FederationContext, require_plain_steps
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.schemas import PerFedAvgConfig
 from plfl.seeding import ADAPTATION, LOCAL_TRAINING, derive_seed
@@ -97,6 +97,7 @@ class PerFedAvg(FedAvg):
 
     def __init__(self, config: PerFedAvgConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
+        require_plain_steps("perfedavg", context, "w (Algorithm 1's meta-steps)")
         lr = context.federation.lr
         self.alpha = lr if config.alpha is None else config.alpha
         self.beta = lr if config.beta is None else config.beta

@@ -73,7 +73,7 @@ class PFedMe(FedAvg):
 
     def __init__(self, config: PFedMeConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        require_plain_steps("pfedme", context.federation, "θ and w (Alg. 1)")
+        require_plain_steps("pfedme", context, "θ and w (Alg. 1)")
         model = context.model
         self.parameter_names = [name for name, _ in model.named_parameters()]
 
