@@ -65,9 +65,10 @@ def tiny_config(tmp_path: Path, rounds: int, **sections: str) -> Path:
 
 
 def environment(**extra: str) -> dict[str, str]:
-    """This process's environment with this checkout (and the tests, for the workers below) importable."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)]), "WANDB_MODE": "disabled",
-            "OMP_NUM_THREADS": "1", **extra}  # one thread: see conftest.py
+    """This process's environment with this checkout (and the tests, for the workers below) importable first."""
+    path = [str(ROOT), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+            **extra}  # one thread: see conftest.py
 
 
 def plfl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
