@@ -227,8 +227,10 @@ def test_a_parallel_sweep_gives_the_sequential_results_and_resumes(local_ray, tm
 def test_ctrl_c_stops_the_run_and_the_ray_it_started(tmp_path):
     ray_dir = tempfile.mkdtemp(prefix="plfl-ray-")
     args = [sys.executable, "-m", "plfl.cli", "fit", "--config", str(tiny_config(tmp_path, 200)), "ray.num_actors=1"]
+    # A shell's background job inherits an ignored SIGINT, and Python then never raises KeyboardInterrupt: undo it.
     process = subprocess.Popen(args, cwd=ROOT, env=environment(RAY_TMPDIR=ray_dir), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 300
     while not list(tmp_path.glob("*/*/checkpoints/*")) and time.monotonic() < deadline:
         time.sleep(0.5)
