@@ -1,5 +1,5 @@
 """Command line: ``plfl fit --config X.yaml [--seeds 0,1,2] [key=value ...]``, ``plfl fit --resume RUN_DIR``,
-``plfl sweep X.yaml [--count N] [key=value ...]``, ``plfl compare RUN_DIR...``,
+``plfl sweep X.yaml [--count N] [--parallel N] [key=value ...]``, ``plfl compare RUN_DIR...``,
 ``plfl report RUN_DIR... [-o report.html]``, ``plfl methods [NAME]``, ``plfl --version``.
 
 Only what a command needs is imported, torch and Lightning only when training:
@@ -40,13 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     fit.add_argument("--seeds", type=seed_list, metavar="S1,S2,...",
                      help="repeat the run once per seed (federation.seed) and report mean ± std of the best accuracy")
     fit.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure")
-    sweep = commands.add_parser("sweep", help="run a W&B sweep file offline, one trial after another")
+    sweep = commands.add_parser("sweep", help="run a W&B sweep file offline, one trial after another or N at once")
     sweep.add_argument("sweep_file", help="W&B sweep YAML whose command runs plfl fit (see sweeps/)")
     sweep.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides for every trial")
     sweep.add_argument("--count", type=int, metavar="N",
                        help="stop once the sweep holds N trials, earlier runs' included "
                             "(default: the file's run_cap; a grid ends by itself)")
     sweep.add_argument("--retry-failed", action="store_true", help="run the trials that failed before again")
+    sweep.add_argument("--parallel", type=int, default=1, metavar="N",
+                       help="run up to N trials at once, each as a Ray task on one CPU (needs Ray: "
+                            "pip install -e '.[ray]'; default 1: one after another in this process)")
     sweep.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the traceback of a failure")
     compare = commands.add_parser("compare", help="print a method × data set table of finished runs")
@@ -159,7 +162,7 @@ def sweep(args: argparse.Namespace) -> int:
 
     # There is no sweep server: W&B runs of the trials stay offline unless WANDB_MODE says otherwise.
     os.environ.setdefault("WANDB_MODE", "offline")
-    result = run_sweep(args.sweep_file, args.overrides, args.count, args.retry_failed)
+    result = run_sweep(args.sweep_file, args.overrides, args.count, args.retry_failed, parallel=args.parallel)
     print_results(result)
     failed = sum(t["status"] == "failed" for t in result.trials)
     if failed:

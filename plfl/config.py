@@ -18,6 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from plfl.cluster import import_ray
 from plfl.errors import ConfigError, PlflError
 from plfl.fields import checked, one_of
 from plfl.methods import method_schema
@@ -26,7 +27,7 @@ DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pflli
                 "shakespeare", "leaf")
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
-EXECUTORS = ("sequential", "vectorized")
+EXECUTORS = ("sequential", "vectorized", "ray")
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
 
 
@@ -178,7 +179,8 @@ class FederationConfig:
     # the round fails when more than this many sampled clients fail (null: only when all of them do).
     max_failed_clients: Optional[int] = checked(None, lambda v: v is None or v >= 0, "null or an integer >= 0")
     # Where the clients' training and evaluation run: one after another on one Lightning Trainer (sequential),
-    # or a round's clients stacked and trained in lock-step with torch.func (vectorized; plfl.executors).
+    # a round's clients stacked and trained in lock-step with torch.func (vectorized), or spread over a pool of
+    # Ray actors (ray, options in the ray section; plfl.executors).
     executor: str = one_of("sequential", EXECUTORS)
     # vectorized: the most clients stacked at once (null: all of a call's); memory grows linearly with it.
     cohort_size: Optional[int] = checked(None, lambda v: v is None or v >= 1, "null or an integer >= 1")
@@ -188,6 +190,19 @@ class FederationConfig:
             raise ConfigError(f"federation.cohort_size={self.cohort_size} is read only by federation.executor="
                               f"vectorized, not by federation.executor={self.executor}. Remove federation.cohort_size "
                               "or set federation.executor=vectorized.")
+
+
+@dataclass
+class RayConfig:
+    """The Ray actors of ``federation.executor=ray`` (``ray.*``); Ray is optional: ``pip install -e '.[ray]'``."""
+
+    # local: start Ray on this machine with the actors' CPUs; auto: join the cluster this machine belongs to
+    # (ray start); host:port: a cluster's head; ray://host:10001: a remote cluster through Ray Client.
+    address: str = "local"
+    num_actors: int = checked(2, lambda v: v >= 1, "an integer >= 1")
+    # Ray's resources per actor; fractions let several actors share a CPU or a GPU.
+    num_cpus_per_actor: float = checked(1.0, lambda v: v > 0, "a number > 0")
+    num_gpus_per_actor: float = checked(0.0, lambda v: v >= 0, "a number >= 0")
 
 
 @dataclass
@@ -231,6 +246,21 @@ class ExperimentConfig:
     federation: FederationConfig = field(default_factory=FederationConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self) -> None:
+        changed = [f.name for f in dataclasses.fields(self.ray) if getattr(self.ray, f.name) != f.default]
+        if changed and self.federation.executor != "ray":
+            key = changed[0]
+            raise ConfigError(f"ray.{key}={getattr(self.ray, key)} is read only by federation.executor=ray, not by "
+                              f"federation.executor={self.federation.executor}. Remove ray.{key} or set "
+                              "federation.executor=ray.")
+        if self.federation.executor == "ray":
+            import_ray("federation.executor=ray")  # not installed: the install command, before anything runs
+        if (self.federation.executor == "ray" and self.trainer.accelerator in ("gpu", "cuda")
+                and not self.ray.num_gpus_per_actor):
+            raise ConfigError(f"trainer.accelerator={self.trainer.accelerator} with federation.executor=ray needs "
+                              "GPUs for the actors: set ray.num_gpus_per_actor (e.g. 0.5 for two actors per GPU).")
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfig:
@@ -242,7 +272,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfi
     Raises:
         ConfigError: the file is missing or not valid YAML (with the line), an
             override is not ``key=value``, a key is unknown (with close
-            matches), a value has the wrong type or is out of range.
+            matches), a value has the wrong type or is out of range, a key
+            that the other keys make meaningless is set, or
+            ``federation.executor=ray`` without Ray installed.
     """
     raw = OmegaConf.create() if path is None else _read_yaml(Path(path))
     bad = [o for o in overrides if "=" not in o]

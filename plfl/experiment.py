@@ -64,16 +64,19 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
     context = FederationContext(data, ClientStateStore(len(data.clients)), model, local_trainer, federation)
     method_cls = method_class(cfg.method.name)
     method = method_cls(OmegaConf.to_object(cfg.method), context, initial_params)
-    executor = build_executor(federation, data, local_trainer, cfg.trainer.accelerator, cfg.trainer.precision)
-
-    run_dir = resume or new_run_dir(Path(cfg.output_dir) / cfg.name)
-    write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
-    loop = FederationLoop(method, context, [], run, executor)
-    if checkpoint is not None:
-        loop.load_state_dict(checkpoint)
-    loop.callbacks.extend(build_callbacks(cfg, loop.state_dict))
-    return run_dir, loop.run()
+    executor = build_executor(federation, data, local_trainer, cfg.trainer.accelerator, cfg.trainer.precision,
+                              OmegaConf.to_object(cfg.ray))
+    try:  # the executor's workers (Ray's actors) go however the run ends, Ctrl+C included
+        run_dir = resume or new_run_dir(Path(cfg.output_dir) / cfg.name)
+        write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
+        loop = FederationLoop(method, context, [], run, executor)
+        if checkpoint is not None:
+            loop.load_state_dict(checkpoint)
+        loop.callbacks.extend(build_callbacks(cfg, loop.state_dict))
+        return run_dir, loop.run()
+    finally:
+        executor.close()
 
 
 def image_augmentation(augment: bool, data: FederatedData) -> Optional[Callable]:

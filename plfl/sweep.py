@@ -7,7 +7,10 @@ exactly as ``plfl fit --config <the command's config> <the command's key=value
 args> <trial parameters> <extra overrides>`` would, and its summary metric goes
 back to the engine. The sweep directory ``<output_dir>/sweeps/<file stem>/``
 holds ``trials.json`` (the state, rewritten after every trial, from which an
-interrupted sweep continues), ``results.csv`` and ``results.md``.
+interrupted sweep continues), ``results.csv`` and ``results.md``. With
+``--parallel N`` up to N trials run at once, each as a Ray task (one CPU, its
+own worker process) on a Ray started on this machine; the engine proposes
+each new trial knowing the running ones, so a grid never proposes one twice.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from typing import Any, Callable, Optional
 import yaml
 
 from plfl.callbacks.files import csv_text, write_atomically
+from plfl.cluster import connect, import_ray
 from plfl.config import load_config
-from plfl.errors import ConfigError
+from plfl.errors import ConfigError, PlflError
 
 with warnings.catch_warnings():
     # sweeps 0.2.0 declares pydantic-v1 config keys; pydantic 2 warns on import, harmlessly.
@@ -167,7 +171,7 @@ def parse_command(search: dict[str, Any], path: Path) -> tuple[str, list[str]]:
 
 
 def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] = None,
-              retry_failed: bool = False, echo: Callable[[str], None] = print) -> SweepResult:
+              retry_failed: bool = False, echo: Callable[[str], None] = print, parallel: int = 1) -> SweepResult:
     """Run the sweep's remaining trials and write the sweep directory after each one.
 
     Args:
@@ -178,21 +182,28 @@ def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] 
             also stops when exhausted).
         retry_failed: forget failed trials so that the engine proposes again.
         echo: where a line per trial goes.
+        parallel: how many trials run at once; above 1 each runs as a Ray task on a Ray started on this
+            machine with ``parallel`` CPUs (or on the Ray this process is connected to).
 
     A trial that raises is recorded as failed with its error and the sweep
-    goes on; KeyboardInterrupt stops it with the finished trials saved.
+    goes on; KeyboardInterrupt stops it with the finished trials saved
+    (running trials are stopped and run again by the next invocation).
 
     Raises:
         ConfigError: a bad sweep file (see :func:`load_sweep`), a bad config or
             override, an override of a swept parameter, a parameter value the
             config rejects (an override of a constant ``value:`` parameter replaces
             its value instead), a random/bayes sweep with no count, a sweep
-            directory holding a different sweep, or a metric not in summary.json.
+            directory holding a different sweep, a metric not in summary.json, ``parallel`` below 1,
+            or ``parallel`` above 1 without Ray installed or with ``federation.executor=ray`` trials.
     """
     sweep = load_sweep(path)
     count = count if count is not None else sweep.run_cap
     if count is not None and count < 1:
         raise ConfigError(f"--count must be >= 1; got {count}.")
+    if parallel < 1:
+        raise ConfigError(f"--parallel must be >= 1; got {parallel}.")
+    ray = import_ray("plfl sweep --parallel") if parallel > 1 else None
     if count is None and sweep.search["method"] != "grid":
         raise ConfigError(f"{sweep.path}: a {sweep.search['method']} search never ends by itself; "
                           "pass --count N or set run_cap in the file.")
@@ -206,6 +217,9 @@ def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] 
                           "start at the current directory, as for wandb agent (run from the repository root).")
     base = load_config(sweep.config_path, fixed)
     _check_parameter_values(sweep, fixed)
+    if ray is not None and base.federation.executor == "ray":
+        raise ConfigError("plfl sweep --parallel runs each trial as one Ray task, so its trials cannot start Ray "
+                          "actors of their own: drop --parallel or use another federation.executor.")
 
     sweep_dir = Path(base.output_dir) / "sweeps" / sweep.path.stem
     identity = _normalized({"config": sweep.config_path, "overrides": fixed,
@@ -213,24 +227,31 @@ def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] 
     trials = _load_trials(sweep_dir, identity)
     if retry_failed:
         trials = [t for t in trials if t["status"] != "failed"]
-    from plfl.experiment import run_experiment  # imports torch and Lightning: only once the sweep is checked
-
-    while count is None or len(trials) < count:
-        parameters = _propose(sweep, trials)
-        if parameters is None:
-            break
-        number = max((t["trial"] for t in trials), default=0) + 1
-        args = [_arg(k, v) for k, v in parameters.items()]
-        echo(f"Trial {number}: {' '.join(args)}")
-        trial = _run_trial(run_experiment, sweep, fixed + args)
-        trials.append({"trial": number, "parameters": parameters, **trial})
-        _save(sweep_dir, identity, SweepResult(sweep, sweep_dir, trials))
-        if trial["status"] == "completed":
-            m = trial["metrics"]
-            echo(f"Trial {number}: best accuracy {100 * m['best_accuracy']:.2f} %, final "
-                 f"{100 * m['final_accuracy']:.2f} %, {m['seconds_per_round']:.2f} s per round, {trial['run_dir']}")
-        else:
-            echo(f"Trial {number} failed: {trial['error']}")
+    runner = RayTrials(ray, parallel) if ray is not None else InProcessTrials()
+    try:
+        while True:
+            while len(runner.running) < parallel and (count is None or len(trials) + len(runner.running) < count):
+                parameters = _propose(sweep, trials, list(runner.running.values()))
+                if parameters is None:
+                    break
+                number = max([t["trial"] for t in trials] + list(runner.running), default=0) + 1
+                args = [_arg(k, v) for k, v in parameters.items()]
+                echo(f"Trial {number}: {' '.join(args)}")
+                runner.submit(number, parameters, sweep, fixed + args)
+            if not runner.running:
+                break
+            number, parameters, trial = runner.next_finished(sweep)
+            trials = sorted(trials + [{"trial": number, "parameters": parameters, **trial}], key=lambda t: t["trial"])
+            _save(sweep_dir, identity, SweepResult(sweep, sweep_dir, trials))
+            if trial["status"] == "completed":
+                m = trial["metrics"]
+                echo(f"Trial {number}: best accuracy {100 * m['best_accuracy']:.2f} %, final "
+                     f"{100 * m['final_accuracy']:.2f} %, {m['seconds_per_round']:.2f} s per round, "
+                     f"{trial['run_dir']}")
+            else:
+                echo(f"Trial {number} failed: {trial['error']}")
+    finally:
+        runner.close()
     result = SweepResult(sweep, sweep_dir, trials)
     _save(sweep_dir, identity, result)  # also when nothing ran: the tables exist after every invocation
     return result
@@ -250,9 +271,86 @@ def _set_constant_parameters(sweep: Sweep, overrides: list[str]) -> list[str]:
     return rest
 
 
+class InProcessTrials:
+    """Runs each submitted trial in this process when its result is asked for (``--parallel 1``)."""
+
+    def __init__(self):
+        self.running: dict[int, dict[str, Any]] = {}  # trial number → parameters
+        self.overrides: list[str] = []
+
+    def submit(self, number: int, parameters: dict[str, Any], sweep: Sweep, overrides: list[str]) -> None:
+        self.running[number], self.overrides = parameters, overrides
+
+    def next_finished(self, sweep: Sweep) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """(trial number, parameters, outcome) of the submitted trial, run now."""
+        from plfl.experiment import run_experiment  # imports torch and Lightning: only once the sweep is checked
+
+        number, parameters = self.running.popitem()
+        return number, parameters, _run_trial(run_experiment, sweep, self.overrides)
+
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
+
+class RayTrials:
+    """Runs each submitted trial as a Ray task (one CPU, a worker process of its own) on a Ray started on this
+    machine with ``parallel`` CPUs, or on the one this process is connected to."""
+
+    def __init__(self, ray: Any, parallel: int):
+        self.ray = ray
+        self.started = connect(ray, "local", parallel)
+        self.task = ray.remote(num_cpus=1)(_run_trial_in_worker)
+        self.running: dict[int, dict[str, Any]] = {}  # trial number → parameters
+        self.numbers: dict[Any, int] = {}  # ObjectRef → trial number
+
+    def submit(self, number: int, parameters: dict[str, Any], sweep: Sweep, overrides: list[str]) -> None:
+        environment = {k: os.environ[k] for k in ("WANDB_MODE",) if k in os.environ}  # the CLI's offline default
+        self.numbers[self.task.remote(os.getcwd(), environment, sweep, overrides)] = number
+        self.running[number] = parameters
+
+    def next_finished(self, sweep: Sweep) -> tuple[int, dict[str, Any], dict[str, Any]]:
+        """(trial number, parameters, outcome) of the next trial to finish.
+
+        Raises:
+            PlflError: what the trial raised beyond a failed run (a metric missing from summary.json).
+        """
+        (ref,), _ = self.ray.wait(list(self.numbers), num_returns=1)
+        number = self.numbers.pop(ref)
+        try:
+            trial = self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, PlflError):
+                raise error.cause from None
+            raise
+        except self.ray.exceptions.RayError as error:  # its worker process died (e.g. out of memory)
+            trial = _failed(sweep, None, f"{type(error).__name__}: {str(error).strip().splitlines()[0]}")
+        return number, self.running.pop(number), trial
+
+    def close(self) -> None:
+        """Stop the running trials, and Ray if this sweep started it."""
+        for ref in self.numbers:
+            self.ray.cancel(ref, force=True)
+        if self.started:
+            self.ray.shutdown()
+
+
+def _run_trial_in_worker(cwd: str, environment: dict[str, str], sweep: Sweep, overrides: list[str]) -> dict[str, Any]:
+    """A trial in a Ray worker, from the sweep's working directory (relative paths) and environment."""
+    from plfl.experiment import run_experiment
+
+    os.chdir(cwd)
+    os.environ.update(environment)
+    return _run_trial(run_experiment, sweep, overrides)
+
+
+def _failed(sweep: Sweep, run_dir: Optional[Path], error: str) -> dict[str, Any]:
+    # Failed trials get the same (empty) metric columns, so the table's columns do not depend on which failed.
+    names = dict.fromkeys(SUMMARY_COLUMNS + ((sweep.metric,) if sweep.metric else ()))
+    return {"status": "failed", "metrics": names, "run_dir": run_dir and str(run_dir), "error": error}
+
+
 def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> dict[str, Any]:
     """Run one trial as ``plfl fit`` would; any failure becomes ``status: failed`` with the error."""
-    # Failed trials get the same (empty) metric columns, so the table's columns do not depend on which failed.
     names = dict.fromkeys(SUMMARY_COLUMNS + ((sweep.metric,) if sweep.metric else ()))
     run_dir = None
     try:
@@ -270,8 +368,7 @@ def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> 
             run_dir = new.pop() if len(new) == 1 else None
             raise
     except Exception as e:  # noqa: BLE001  a failing trial must not end the sweep
-        return {"status": "failed", "metrics": names, "run_dir": run_dir and str(run_dir),
-                "error": f"{type(e).__name__}: {e}"}
+        return _failed(sweep, run_dir, f"{type(e).__name__}: {e}")
     if sweep.metric is not None and sweep.metric not in summary:
         numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
         raise ConfigError(f"{sweep.path}: metric {sweep.metric!r} is not in summary.json ({run_dir}); "
@@ -280,12 +377,16 @@ def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> 
             "error": None}
 
 
-def _propose(sweep: Sweep, trials: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
-    """The engine's next parameters given the recorded trials; None when a grid is exhausted."""
+def _propose(sweep: Sweep, trials: list[dict[str, Any]], running: list[dict[str, Any]] = ()) \
+        -> Optional[dict[str, Any]]:
+    """The engine's next parameters given the recorded trials and the parameters of the running ones (a grid
+    skips them, bayes treats them as pending); None when a grid is exhausted."""
     runs = [SweepRun(config={k: {"value": v} for k, v in t["parameters"].items()},
                      state=RunState.finished if t["status"] == "completed" else RunState.failed,
                      summary_metrics={k: v for k, v in t["metrics"].items() if v is not None})
             for t in trials]
+    runs += [SweepRun(config={k: {"value": v} for k, v in parameters.items()}, state=RunState.running)
+             for parameters in running]
     try:
         with warnings.catch_warnings():
             # The Gaussian process of bayes search warns on its fits; its proposals are what count here.

@@ -28,7 +28,8 @@ def error_of(*overrides, path=QUICKSTART) -> str:
     ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
                  "keep_checkpoints, logger, method, model,"),
     ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
-    ("federation.executor=ray", "Config key 'federation.executor' must be one of sequential, vectorized; got 'ray'."),
+    ("federation.executor=spark", "Config key 'federation.executor' must be one of sequential, vectorized, ray; "
+                                  "got 'spark'."),
     ("federation.cohort_size=8", "federation.cohort_size=8 is read only by federation.executor=vectorized, not by "
                                  "federation.executor=sequential. Remove federation.cohort_size or set "
                                  "federation.executor=vectorized."),

@@ -31,6 +31,10 @@ class Executor(Protocol):
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         """One result per task, in order."""
 
+    def close(self) -> None:
+        """Release the executor's workers (the Ray executor's actors, and Ray if it started it); called once
+        when the run ends, however it ends."""
+
 
 def resolved(value: Trains[T] | T) -> Trains[T]:
     """A hook's return value as a generator: a training hook's own, or one that returns a plain hook's value."""

@@ -41,6 +41,9 @@ class SequentialExecutor:
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         return [self.trainer.evaluate(task.params, *self.test_split(task.client_id)) for task in tasks]
 
+    def close(self) -> None:
+        """Nothing to release: everything runs in this process."""
+
     def test_split(self, client_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y) of client ``client_id``'s test split; None: all clients' (:attr:`union_test_split`)."""
         if client_id is None:

@@ -131,6 +131,9 @@ class VectorizedExecutor:
                 results[i] = EvalResult(int(c), n, loss / n if n else math.nan)
         return results
 
+    def close(self) -> None:
+        """Nothing to release: the device's memory goes with the executor."""
+
     @cached_property
     def train_split(self) -> Split:
         return Split.of([(c.x_train, c.y_train) for c in self.data.clients], self.device)

@@ -1,0 +1,257 @@
+"""The Ray executor and plfl sweep --parallel: the same results as sequential, dead actors replaced, clear errors.
+
+One local Ray of 2 CPUs serves the module (``local_ray``). The test against a head node started apart runs
+first, because ``ray stop`` stops every Ray on the machine.
+"""
+
+import csv
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+from plfl.cli import main  # noqa: E402
+from plfl.config import RayConfig, load_config, resume_config  # noqa: E402
+from plfl.data import FederatedData  # noqa: E402
+from plfl.errors import ConfigError  # noqa: E402
+from plfl.executors import ClientFailure, SequentialExecutor, TrainTask  # noqa: E402
+from plfl.executors.ray_actors import ClientWorker, RayExecutor  # noqa: E402
+from plfl.experiment import run_experiment  # noqa: E402
+from plfl.sweep import run_sweep  # noqa: E402
+from test_federation import make_context  # noqa: E402
+from test_sweep import write_sweep  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+RAY = str(Path(sys.executable).parent / "ray")  # the command-line tool of this environment's Ray
+FAULTS = "PLFL_TEST_FAULTS"  # a folder the fault-injecting workers mark their first death in
+
+
+def rows(path: Path, drop=("seconds",)) -> list[dict[str, str]]:
+    """A CSV's rows without the wall-clock columns: everything else must match exactly."""
+    with open(path) as f:
+        return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(f)]
+
+
+def results(run_dir: Path) -> tuple:
+    return rows(run_dir / "metrics.csv"), rows(run_dir / "clients.csv")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_config(tmp_path: Path, rounds: int, **sections: str) -> Path:
+    """A config file of 5 digits clients, MLP, ``rounds`` rounds, output in tmp_path; extra sections as YAML."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"output_dir: {tmp_path}\nprogress_bar: false\n"
+                      "data: {source: digits, num_clients: 5, beta: 0.5}\nmodel: {name: mlp, hidden_sizes: [32]}\n"
+                      f"federation: {{rounds: {rounds}, lr: 0.05, batch_size: 20, executor: ray}}\n"
+                      + "".join(f"{k}: {v}\n" for k, v in sections.items()))
+    return config
+
+
+def environment(**extra: str) -> dict[str, str]:
+    """This process's environment with this checkout (and the tests, for the workers below) importable first."""
+    path = [str(ROOT), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+            **extra}  # one thread: see conftest.py
+
+
+def plfl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "plfl.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def test_a_federation_runs_on_a_ray_head_node_started_apart(tmp_path, digits_config):
+    port, token = free_port(), secrets.token_hex(32)
+    # A cluster as its user starts it, with token authentication (RAY_AUTH_TOKEN instead of ~/.ray/auth_token).
+    env = environment(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    with tempfile.TemporaryDirectory(prefix="plfl-ray-") as temp_dir:  # short: Ray's socket paths have a limit
+        start = subprocess.run([RAY, "start", "--head", "--num-cpus", "2", "--port", str(port), "--temp-dir",
+                                temp_dir, "--include-dashboard=false", "--disable-usage-stats",
+                                "--ray-client-server-port", str(free_port())],
+                               capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        try:
+            assert start.returncode == 0, start.stderr
+            config = tiny_config(tmp_path, 3, ray="{address: auto}")
+            out = plfl("fit", "--config", str(config), env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"})
+            assert out.returncode == 0, out.stderr
+            assert "Connected to Ray cluster" in out.stderr
+        finally:
+            subprocess.run([RAY, "stop"], capture_output=True, timeout=300, env=env)
+    on_cluster = Path(out.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))
+    sequential, _ = run_experiment(digits_config())
+    assert results(on_cluster) == results(sequential)
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """One local Ray of 2 CPUs for the module; its workers import this checkout and these tests."""
+    os.environ[FAULTS] = str(tmp_path_factory.mktemp("faults"))
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = environment()["PYTHONPATH"]
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+    os.environ.pop(FAULTS)
+    if saved is None:
+        os.environ.pop("PYTHONPATH")
+    else:
+        os.environ["PYTHONPATH"] = saved
+
+
+@pytest.mark.parametrize("method, options", [("fedavg", {}), ("fedala", {"method.p": 2})])
+def test_ray_trains_and_evaluates_as_sequential(local_ray, digits_config, monkeypatch, method, options):
+    puts = []
+    put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(type(value)) or put(value, **kw))
+    options = {"method.name": method, **options}
+    on_ray, _ = run_experiment(digits_config(**options, **{"federation.executor": "ray"}))
+    assert puts.count(FederatedData) == 1  # the data go into the object store once per run, not per round
+    sequential, _ = run_experiment(digits_config(**options))
+    assert results(on_ray) == results(sequential)
+
+
+class DiesOnce(ClientWorker):
+    """Exits its process the first time any actor is asked to train client 2 (marked in the FAULTS folder)."""
+
+    def train(self, task):
+        mark = Path(os.environ[FAULTS]) / "client-2-died"
+        if task.client_id == 2 and not mark.exists():
+            mark.touch()
+            os._exit(1)
+        return super().train(task)
+
+
+class Faulty(ClientWorker):
+    """Client 1's training always kills its actor; client 3's raises a PlflError, as bad options would."""
+
+    def train(self, task):
+        if task.client_id == 1:
+            os._exit(1)
+        if task.client_id == 3:
+            raise ConfigError("bad option; fix it")
+        return super().train(task)
+
+
+def test_an_actor_that_dies_mid_round_is_replaced_and_the_run_resumes_on_ray(local_ray, digits_config, monkeypatch):
+    with monkeypatch.context() as patch:
+        patch.setattr(RayExecutor, "worker", DiesOnce)
+        first, summary = run_experiment(digits_config(**{"federation.executor": "ray", "federation.rounds": 2}))
+    assert (Path(os.environ[FAULTS]) / "client-2-died").exists()  # in round 1, with clients 0 and 1 trained
+    assert summary["client_failures"] == []  # its retry succeeded
+    resumed, _ = run_experiment(resume_config(first, ["federation.rounds=3"]), first)
+    assert resumed == first
+    sequential, _ = run_experiment(digits_config())
+    assert results(resumed) == results(sequential)
+
+
+def test_a_second_death_fails_the_client_and_a_plfl_error_reaches_the_driver(local_ray, tiny_federation,
+                                                                             monkeypatch):
+    monkeypatch.setattr(RayExecutor, "worker", Faulty)
+    context, model = make_context(tiny_federation)
+    executor = RayExecutor(tiny_federation, context.local_trainer, "cpu", "32-true", RayConfig(num_actors=2))
+    try:
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        tasks = [TrainTask(i, start, seed=i, epochs=1) for i in range(3)]
+        results_ = executor.train(tasks)
+        assert isinstance(results_[1], ClientFailure) and results_[1].reason.startswith("its Ray actor died twice")
+        expected = SequentialExecutor(tiny_federation, context.local_trainer).train([tasks[0], tasks[2]])
+        for result, alone in zip([results_[0], results_[2]], expected):
+            assert result.loss == alone.loss and all(torch.equal(result.params[k], v) for k, v in alone.params.items())
+        with pytest.raises(ConfigError, match="^bad option; fix it$"):
+            executor.train([TrainTask(3, start, seed=3, epochs=1)])
+    finally:
+        executor.close()
+    assert executor.actors == [] and ray.is_initialized()  # its actors are gone; the Ray it did not start stays
+
+
+def test_an_unreachable_address_is_a_clear_error_before_anything_is_written(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    out = plfl("fit", "--config", str(tiny_config(tmp_path, 3)), f"ray.address={address}", env=environment())
+    assert out.returncode == 2
+    assert out.stderr.startswith(f"plfl fit: Could not reach the Ray cluster at ray.address={address} (")
+    assert "Start a cluster with `ray start --head`" in out.stderr
+    assert list(tmp_path.iterdir()) == [tmp_path / "run.yaml"]
+
+
+def test_without_ray_installed_the_error_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
+    install = "runs on Ray, which is not installed. Install it with pip install -e '.[ray]'"
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["federation.executor=ray"])
+    assert str(error.value).startswith(f"federation.executor=ray {install}")
+    assert main(["sweep", str(write_sweep(tmp_path)), "--parallel", "2"]) == 2
+    assert capsys.readouterr().err.startswith(f"plfl sweep: plfl sweep --parallel {install}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_ray_keys_need_the_ray_executor():
+    with pytest.raises(ConfigError, match=r"^ray.num_actors=4 is read only by federation.executor=ray, not by "
+                                          r"federation.executor=vectorized. Remove ray.num_actors or set "
+                                          r"federation.executor=ray.$"):
+        load_config(None, ["federation.executor=vectorized", "ray.num_actors=4"])
+
+
+def test_a_parallel_sweep_gives_the_sequential_results_and_resumes(local_ray, tmp_path):
+    grid = {"federation.lr": {"values": [0.01, 0.1]}}
+    one, two = tmp_path / "one", tmp_path / "two"
+    for folder in (one, two):
+        folder.mkdir()
+    run_sweep(write_sweep(one, grid), echo=lambda line: None)
+    run_sweep(write_sweep(two, grid), parallel=2, echo=lambda line: None)
+    table = lambda folder: rows(folder / "out" / "sweeps" / "sweep" / "results.csv",  # noqa: E731
+                                drop=("run_dir", "seconds_per_round"))
+    assert table(two) == table(one)
+    assert [r["federation.lr"] for r in table(two)] == ["0.01", "0.1"] and table(two)[0]["status"] == "completed"
+    finished = sorted((two / "out").glob("*/*/summary.json"))
+    assert len(finished) == 2
+    assert len(run_sweep(write_sweep(two, grid), parallel=2).trials) == 2  # nothing reruns
+    assert sorted((two / "out").glob("*/*/summary.json")) == finished
+
+
+def test_ctrl_c_stops_the_run_and_the_ray_it_started(tmp_path):
+    ray_dir = tempfile.mkdtemp(prefix="plfl-ray-")
+    args = [sys.executable, "-m", "plfl.cli", "fit", "--config", str(tiny_config(tmp_path, 200)), "ray.num_actors=1"]
+    # A shell's background job inherits an ignored SIGINT, and Python then never raises KeyboardInterrupt: undo it.
+    process = subprocess.Popen(args, cwd=ROOT, env=environment(RAY_TMPDIR=ray_dir), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("*/*/checkpoints/*")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ray_processes(ray_dir)  # the Ray this run started lives in RAY_TMPDIR
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "interrupted; rounds finished so far are in the run directory" in err
+    (run_dir,) = (p for p in tmp_path.glob("*/*") if p.is_dir())
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    assert len(rows(run_dir / "metrics.csv")) >= 1
+    time.sleep(2)  # Ray's processes exit after ray.shutdown returns
+    assert ray_processes(ray_dir) == []
+
+
+def ray_processes(ray_dir: str) -> list[str]:
+    """Ids of the processes whose command line names ``ray_dir``."""
+    def command_line(pid: str) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+        except OSError:  # the process has exited
+            return ""
+
+    return [pid for pid in os.listdir("/proc") if pid.isdigit() and ray_dir in command_line(pid)]
