@@ -47,6 +47,8 @@ class ClientStateStore:
         return len(self._states)
 
     def get(self, client_id: int, key: str, default: Any = None) -> Any:
+        """Client ``client_id``'s value of ``key`` (``default`` if it has none); offloaded tensors are read
+        into new tensors."""
         value = self._states[client_id].get(key, default)
         if not isinstance(value, _Offloaded):
             return value
@@ -54,6 +56,11 @@ class ClientStateStore:
         return tensors[None] if value.bare else tensors
 
     def set(self, client_id: int, key: str, value: Any) -> None:
+        """Give client ``client_id`` ``value`` for ``key``, replacing any earlier one.
+
+        Raises:
+            OSError: offloaded, and the file cannot be written (e.g. the disk is full).
+        """
         if self._directory is not None and _offloadable(value):
             bare = isinstance(value, torch.Tensor)
             tensors = {None: value} if bare else value
@@ -70,10 +77,10 @@ class ClientStateStore:
     def state_dict(self) -> list[dict[str, Any]]:
         """The whole store (for checkpoints): one dict per client, key → value.
 
-        Offloaded tensors come as views of their files mapped read-only into
-        memory, without copies: ``torch.save`` writes each file once, whole
-        (one row per client that holds the key), and the kernel pages it in as
-        it is written.
+        Offloaded tensors come as views of their files mapped into memory
+        (privately: the files never change through them), not as copies:
+        ``torch.save`` writes each file once, whole (a row per client that
+        holds the value), paging it in from the page cache as it goes.
         """
         if self._directory is None:
             return self._states
