@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -84,12 +85,12 @@ class ClientStateStore:
         """
         if self._directory is None:
             return self._states
-        mapped = {column: column.mapped() for column in self._columns.values()}
+        rows = {column: list(column.mapped()) for column in self._columns.values()}  # one view per row
 
         def restored(client_id: int, value: Any) -> Any:
             if not isinstance(value, _Offloaded):
                 return value
-            tensors = {name: mapped[column][column.rows[client_id]] for name, column in value.columns.items()}
+            tensors = {name: rows[column][column.rows[client_id]] for name, column in value.columns.items()}
             return tensors[None] if value.bare else tensors
 
         return [{key: restored(i, value) for key, value in state.items()} for i, state in enumerate(self._states)]
@@ -167,12 +168,16 @@ class _Offloaded:
 
 @dataclass(eq=False)
 class _Column:
-    """One file of tensors of one dtype and shape: a row per client that has one, in the order they came."""
+    """One file of tensors of one dtype and shape, a row per value. Clients set the very same tensor one
+    after another (a broadcast's global model, kept per client) share one row, as they share it in RAM."""
 
     path: Path
     dtype: torch.dtype
     shape: torch.Size
     rows: dict[int, int] = field(default_factory=dict)  # client id → row
+    users: list[int] = field(default_factory=list)  # row → clients on it
+    free: list[int] = field(default_factory=list)  # rows no client is on
+    last: Optional[tuple[weakref.ref, int]] = None  # the tensor written last, and its row
 
     def __post_init__(self) -> None:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -180,10 +185,26 @@ class _Column:
         self.row_bytes = self.numel * self.dtype.itemsize
 
     def write(self, client_id: int, tensor: torch.Tensor) -> None:
-        row = self.rows.setdefault(client_id, len(self.rows))
-        data = _bytes(tensor.detach().contiguous())
-        if os.pwrite(self.fd, data, row * self.row_bytes) != self.row_bytes:
-            raise OSError(f"short write to {self.path} (disk full?)")
+        old = self.rows.get(client_id)
+        if old is not None:
+            self.users[old] -= 1
+        if self.last is not None and self.last[0]() is tensor:
+            row = self.last[1]
+            if old is not None and old != row and self.users[old] == 0:
+                self.free.append(old)
+        else:
+            row = old if old is not None and self.users[old] == 0 else self._new_row()
+            if os.pwrite(self.fd, _bytes(tensor.detach().contiguous()), row * self.row_bytes) != self.row_bytes:
+                raise OSError(f"short write to {self.path} (disk full?)")
+            self.last = weakref.ref(tensor), row
+        self.users[row] += 1
+        self.rows[client_id] = row
+
+    def _new_row(self) -> int:
+        if self.free:
+            return self.free.pop()
+        self.users.append(0)
+        return len(self.users) - 1
 
     def read(self, client_id: int) -> torch.Tensor:
         tensor = torch.empty(self.shape, dtype=self.dtype)
@@ -193,7 +214,7 @@ class _Column:
 
     def mapped(self) -> torch.Tensor:
         """The whole file as a (rows, *shape) tensor mapped into memory (changes to it stay out of the file)."""
-        size = len(self.rows) * self.numel
+        size = len(self.users) * self.numel
         return torch.from_file(str(self.path), shared=False, size=size, dtype=self.dtype).view(-1, *self.shape)
 
     def close(self) -> None:

@@ -93,6 +93,33 @@ def test_offloaded_values_are_copies_in_files_of_one_row_per_client(tmp_path):
     assert not directory.exists() and store.get(3, "model") is None
 
 
+def test_clients_given_the_same_tensor_share_its_row(tmp_path):
+    """As in RAM, where a broadcast's global model set for every client is one tensor, not one per client."""
+    store = ClientStateStore(10)
+    store.offload(tmp_path / "a")
+    received = {"w": torch.arange(100.0)}
+    for client_id in range(10):
+        store.set(client_id, "received", received)
+    (path,) = (tmp_path / "a").iterdir()
+    assert path.stat().st_size == 100 * 4
+    store.set(3, "received", {"w": torch.zeros(100)})  # the others keep theirs
+    store.set(4, "received", {"w": torch.ones(100)})
+    assert path.stat().st_size == 3 * 100 * 4
+    assert store.get(3, "received")["w"].sum().item() == 0 and store.get(4, "received")["w"].sum().item() == 100
+    assert all(store.get(i, "received")["w"].sum().item() == 4950 for i in (0, 1, 2, 5, 6, 7, 8, 9))
+
+    buffer = io.BytesIO()
+    torch.save(store.state_dict(), buffer)
+    assert len(buffer.getvalue()) < 3 * 100 * 4 + 20_000  # each row once
+    restored = ClientStateStore(10)
+    restored.offload(tmp_path / "b")
+    restored.load_state_dict(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True))
+    assert [restored.get(i, "received")["w"].sum().item() for i in range(10)] == [4950] * 3 + [0, 100] + [4950] * 5
+    assert (tmp_path / "b" / "0.bin").stat().st_size <= 4 * 100 * 4  # still shared after the reload
+    store.close()
+    restored.close()
+
+
 def rows(path):
     """A CSV's rows without the wall-clock column."""
     with open(path) as f:
