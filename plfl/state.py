@@ -80,8 +80,8 @@ class ClientStateStore:
 
         Offloaded tensors come as views of their files mapped into memory
         (privately: the files never change through them), not as copies:
-        ``torch.save`` writes each file once, whole (a row per client that
-        holds the value), paging it in from the page cache as it goes.
+        ``torch.save`` writes each file once, whole (a row per stored
+        value), paging it in from the page cache as it goes.
         """
         if self._directory is None:
             return self._states
