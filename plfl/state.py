@@ -62,6 +62,7 @@ class ClientStateStore:
         Raises:
             OSError: offloaded, and the file cannot be written (e.g. the disk is full).
         """
+        columns = {}
         if self._directory is not None and _offloadable(value):
             bare = isinstance(value, torch.Tensor)
             tensors = {None: value} if bare else value
@@ -69,6 +70,10 @@ class ClientStateStore:
             for name, column in columns.items():
                 column.write(client_id, tensors[name])
             value = _Offloaded(columns, bare)
+        old = self._states[client_id].get(key)
+        if isinstance(old, _Offloaded):  # free the rows that the new value does not take over
+            for column in set(old.columns.values()) - set(columns.values()):
+                column.release(client_id)
         self._states[client_id][key] = value
 
     def __contains__(self, item: tuple[int, str]) -> bool:
@@ -199,6 +204,15 @@ class _Column:
             self.last = weakref.ref(tensor), row
         self.users[row] += 1
         self.rows[client_id] = row
+
+    def release(self, client_id: int) -> None:
+        """The client no longer has a value here."""
+        row = self.rows.pop(client_id)
+        self.users[row] -= 1
+        if self.users[row] == 0:
+            self.free.append(row)
+            if self.last is not None and self.last[1] == row:
+                self.last = None  # its row will hold another value
 
     def _new_row(self) -> int:
         if self.free:

@@ -83,6 +83,11 @@ def test_offloaded_values_are_copies_in_files_of_one_row_per_client(tmp_path):
     got["w"] += 1  # a copy: the store keeps its value
     assert store.get(3, "model")["w"][0].item() == 3.0 and store.get(0, "model")["w"][0].item() == 1.0
 
+    store.set(9, "model", None)  # kept in RAM: client 9's row is free for the next value
+    store.set(50, "model", {"w": torch.full((250,), 50.0)})
+    assert path.stat().st_size == 10 * 250 * 4 and store.get(9, "model") is None
+    assert store.get(50, "model")["w"][0].item() == 50.0 and store.get(8, "model")["w"][0].item() == 8.0
+
     # A checkpoint of the store is about its payload: each file written once, whatever the clients.
     buffer = io.BytesIO()
     torch.save(store.state_dict(), buffer)
