@@ -12,7 +12,6 @@ dicts, lists and tuples of them.
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import warnings
@@ -25,6 +24,7 @@ import torch
 from plfl.errors import PlflError, PlflWarning
 
 NAME = re.compile(r"round-(\d+)\.pt")
+DIGEST_SIZE = 64  # hex digits of a SHA-256 digest
 
 
 class CorruptCheckpoint(PlflError):
@@ -41,14 +41,18 @@ def save_checkpoint(directory: Path, round_: int, state: dict[str, Any], keep: i
     Returns the path written. ``keep`` ≥ 1.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    payload = buffer.getvalue()
     path = checkpoint_path(directory, round_)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(hashlib.sha256(payload).hexdigest().encode() + b"\n")
-        f.write(payload)
+    with open(tmp, "w+b") as f:
+        # torch.save streams into the file (no copy of the state in memory); the digest is filled in after.
+        f.write(b"0" * DIGEST_SIZE + b"\n")
+        torch.save(state, f)
+        f.seek(DIGEST_SIZE + 1)
+        digest = hashlib.sha256()
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+        f.seek(0)
+        f.write(digest.hexdigest().encode())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -74,19 +78,25 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
             the zip archive ``torch.save`` writes (e.g. a bare pickle), or not a state that loads
             with ``weights_only=True`` (e.g. pickled code).
     """
-    data = path.read_bytes()
-    digest, _, payload = data.partition(b"\n")
-    if hashlib.sha256(payload).hexdigest().encode() != digest:
-        raise CorruptCheckpoint(f"{path} is truncated or corrupt (its SHA-256 digest does not match).")
-    if not zipfile.is_zipfile(io.BytesIO(payload)):
-        # torch.save writes a zip archive; torch.load would take anything else for its legacy format,
-        # whose reader warns about the pickle protocol before refusing or loading it.
-        raise CorruptCheckpoint(f"{path} cannot be loaded safely: it is not the zip archive torch.save writes "
-                                "(a raw pickle or another format), so it is not a plfl checkpoint.")
-    try:
-        return torch.load(io.BytesIO(payload), weights_only=True)
-    except Exception as e:  # noqa: BLE001  torch raises several types for unreadable or unsafe content
-        raise CorruptCheckpoint(f"{path} cannot be loaded safely: {type(e).__name__}: {e}") from None
+    with open(path, "rb") as f:  # read in pieces: only the loaded state is held in memory
+        expected = f.readline().removesuffix(b"\n")
+        start = f.tell()
+        digest = hashlib.sha256()
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+        if digest.hexdigest().encode() != expected:
+            raise CorruptCheckpoint(f"{path} is truncated or corrupt (its SHA-256 digest does not match).")
+        f.seek(start)
+        if not zipfile.is_zipfile(f):
+            # torch.save writes a zip archive; torch.load would take anything else for its legacy format,
+            # whose reader warns about the pickle protocol before refusing or loading it.
+            raise CorruptCheckpoint(f"{path} cannot be loaded safely: it is not the zip archive torch.save "
+                                    "writes (a raw pickle or another format), so it is not a plfl checkpoint.")
+        f.seek(start)
+        try:
+            return torch.load(f, weights_only=True)
+        except Exception as e:  # noqa: BLE001  torch raises several types for unreadable or unsafe content
+            raise CorruptCheckpoint(f"{path} cannot be loaded safely: {type(e).__name__}: {e}") from None
 
 
 def load_latest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]]:

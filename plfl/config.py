@@ -184,6 +184,9 @@ class FederationConfig:
     executor: str = one_of("sequential", EXECUTORS)
     # vectorized: the most clients stacked at once (null: all of a call's); memory grows linearly with it.
     cohort_size: Optional[int] = checked(None, lambda v: v is None or v >= 1, "null or an integer >= 1")
+    # Keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state
+    # instead of RAM, reading a client's when it is used: for many clients (plfl.state).
+    state_offload: bool = False
 
     def __post_init__(self) -> None:
         if self.cohort_size is not None and self.executor != "vectorized":

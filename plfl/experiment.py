@@ -66,16 +66,20 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
     method = method_cls(OmegaConf.to_object(cfg.method), context, initial_params)
     executor = build_executor(federation, data, local_trainer, cfg.trainer.accelerator, cfg.trainer.precision,
                               OmegaConf.to_object(cfg.ray))
-    try:  # the executor's workers (Ray's actors) go however the run ends, Ctrl+C included
+    try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or new_run_dir(Path(cfg.output_dir) / cfg.name)
         write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
+        if federation.state_offload:
+            context.store.offload(run_dir / "client-state")
         loop = FederationLoop(method, context, [], run, executor)
         if checkpoint is not None:
             loop.load_state_dict(checkpoint)
+            del checkpoint  # with state_offload, its copy of the store would stay in memory all run
         loop.callbacks.extend(build_callbacks(cfg, loop.state_dict))
         return run_dir, loop.run()
     finally:
+        context.store.close()  # the offload files: the checkpoints hold what a resumed run needs
         executor.close()
 
 

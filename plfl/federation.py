@@ -35,7 +35,7 @@ from plfl.executors.base import drive, resolved
 from plfl.executors.tasks import ClientFailure, EvalTask, Trains, checked, non_finite
 from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics
-from plfl.seeding import global_rng_state, sample_clients, set_global_rng_state
+from plfl.seeding import clients_per_round, global_rng_state, sample_clients, set_global_rng_state
 
 CHECKPOINT_FORMAT = 1
 
@@ -174,30 +174,41 @@ class FederationLoop:
         Raises:
             FederationError: a client's local initialisation trained and failed.
         """
-        hooks, params, size = [], 0, 0
-        for client_id in range(self.num_clients):
-            message = self.method.server_message(client_id)
-            params, size = params + numel(message), size + nbytes(message)
-            hooks.append(resolved(self.method.pre_local_init(client_id, message, round_)))
-        for client_id, model in enumerate(drive(hooks, self.executor)):
-            if isinstance(model, ClientFailure):
-                raise FederationError(f"Round {round_}: client {client_id}'s local initialisation (pre_local_init) "
-                                      f"failed: {model.reason}. Fix the cause (e.g. lower federation.lr if training "
-                                      "diverged) and continue with plfl fit --resume RUN_DIR [federation.lr=...].")
-            self.context.store.set(client_id, "model", model)
+        params, size = 0, 0
+        for group in self._groups():
+            hooks = []
+            for client_id in group:
+                message = self.method.server_message(client_id)
+                params, size = params + numel(message), size + nbytes(message)
+                hooks.append(resolved(self.method.pre_local_init(client_id, message, round_)))
+            for client_id, model in zip(group, drive(hooks, self.executor)):
+                if isinstance(model, ClientFailure):
+                    raise FederationError(f"Round {round_}: client {client_id}'s local initialisation "
+                                          f"(pre_local_init) failed: {model.reason}. Fix the cause (e.g. lower "
+                                          "federation.lr if training diverged) and continue with plfl fit --resume "
+                                          "RUN_DIR [federation.lr=...].")
+                self.context.store.set(client_id, "model", model)
         return {"params_sent": params, "bytes_sent": size}
+
+    def _groups(self) -> list[range]:
+        """The clients in the groups that the broadcast and the evaluation take one at a time: all together,
+        or with ``federation.state_offload`` as many as a round trains, so that no more models than that are
+        out of the store at once."""
+        n = self.num_clients
+        size = clients_per_round(n, self.federation.join_ratio) if self.federation.state_offload else n
+        return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
     def _evaluate(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Every client's model on its test split, and the global model (if any) on all test splits."""
-        tasks = [EvalTask(i, self.context.store.get(i, "model")) for i in range(self.num_clients)]
+        results = {}
+        for group in self._groups():
+            evaluated = self.executor.evaluate([EvalTask(i, self.context.store.get(i, "model")) for i in group])
+            results.update(zip(group, evaluated))
+        metrics = federation_metrics(results)
         global_model = self.method.global_model()
         if global_model is not None:
-            tasks.append(EvalTask(None, global_model))
-        evaluated = self.executor.evaluate(tasks)
-        results = dict(enumerate(evaluated[:self.num_clients]))
-        metrics = federation_metrics(results)
-        if global_model is not None:
-            metrics.update(global_accuracy=evaluated[-1].accuracy, global_test_loss=evaluated[-1].loss)
+            (evaluated,) = self.executor.evaluate([EvalTask(None, global_model)])
+            metrics.update(global_accuracy=evaluated.accuracy, global_test_loss=evaluated.loss)
         if self.best is None or metrics["accuracy"] > self.best[0]:
             self.best = (metrics["accuracy"], round_)
         rows = [

@@ -35,10 +35,14 @@ def derive_seed(seed: int, round_: int, client_id: int, stream: int) -> int:
 
 
 def sample_clients(seed: int, round_: int, num_clients: int, join_ratio: float) -> list[int]:
-    """The ids of the ``max(1, int(join_ratio · num_clients))`` clients that train in ``round_``, sorted."""
-    count = max(1, int(join_ratio * num_clients))
+    """The ids of the :func:`clients_per_round` clients that train in ``round_``, sorted."""
     rng = np.random.default_rng(derive_seed(seed, round_, -1, SAMPLING))
-    return sorted(rng.choice(num_clients, size=count, replace=False).tolist())
+    return sorted(rng.choice(num_clients, size=clients_per_round(num_clients, join_ratio), replace=False).tolist())
+
+
+def clients_per_round(num_clients: int, join_ratio: float) -> int:
+    """How many clients train in a round: ``max(1, int(join_ratio · num_clients))``."""
+    return max(1, int(join_ratio * num_clients))
 
 
 def global_rng_state() -> dict[str, Any]:

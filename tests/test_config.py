@@ -23,7 +23,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
 @pytest.mark.parametrize("override, message", [
     ("federation.roundz=3", "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
                             "Valid keys in section 'federation': batch_size, cohort_size, eval_every, executor, "
-                            "join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed."),
+                            "join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed, state_offload."),
     ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
     ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
                  "keep_checkpoints, logger, method, model,"),
@@ -33,6 +33,8 @@ def error_of(*overrides, path=QUICKSTART) -> str:
     ("federation.cohort_size=8", "federation.cohort_size=8 is read only by federation.executor=vectorized, not by "
                                  "federation.executor=sequential. Remove federation.cohort_size or set "
                                  "federation.executor=vectorized."),
+    ("federation.state_offload=maybe", "Config key 'federation.state_offload' has a value of the wrong type: Value "
+                                       "'maybe' is not a valid bool (type str). Expected bool."),
     ("federation.rounds=-1", "Config key 'federation.rounds' must be an integer >= 0; got -1."),
     ("federation.join_ratio=0", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 0.0."),
     ("federation.join_ratio=1.5", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 1.5."),

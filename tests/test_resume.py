@@ -62,16 +62,17 @@ def results(run_dir: Path) -> tuple:
             {k: summary[k] for k in ("status", "best_accuracy", "best_round", "final_accuracy", "rounds")})
 
 
-@pytest.mark.parametrize("method, corrupt_latest, executor", [("fedavg", True, "sequential"),
-                                                             ("fedala", False, "sequential"),
-                                                             ("fedftha", False, "vectorized")])
-def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, corrupt_latest, executor):
+@pytest.mark.parametrize("method, corrupt_latest, executor, offload", [("fedavg", True, "sequential", False),
+                                                                      ("fedala", False, "sequential", False),
+                                                                      ("fedftha", False, "vectorized", False),
+                                                                      ("fedala", False, "sequential", True)])
+def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, corrupt_latest, executor, offload):
     config = tmp_path / "run.yaml"
     config.write_text(
         f"name: {method}\noutput_dir: {tmp_path}\nprogress_bar: false\n"
         "data: {source: digits, num_clients: 5, beta: 0.5}\nmodel: {name: mlp, hidden_sizes: [32]}\n"
         f"method:\n  name: {method}\n{FEDALA_OPTIONS if method == 'fedala' else ''}"
-        f"federation: {{rounds: 4, lr: 0.05, batch_size: 20, executor: {executor}}}\n"
+        f"federation: {{rounds: 4, lr: 0.05, batch_size: 20, executor: {executor}, state_offload: {offload}}}\n"
     )
     full = plfl("fit", "--config", str(config))
     assert full.returncode == 0, full.stderr
@@ -82,13 +83,14 @@ def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, cor
     assert not (run_dir / "summary.json").exists()
     assert [r["round"] for r in rows(run_dir / "metrics.csv")] == ["0", "1", "2"]
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["round-00002.pt", "round-00001.pt"]
+    assert (run_dir / "client-state").exists() == offload  # left behind by the kill; the resumed run replaces it
     if corrupt_latest:
         latest = run_dir / "checkpoints" / "round-00002.pt"
         latest.write_bytes(latest.read_bytes()[:-1000])
 
     resumed = plfl("fit", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stderr
-    assert run_dir_of(resumed) == run_dir
+    assert run_dir_of(resumed) == run_dir and not (run_dir / "client-state").exists()
     if corrupt_latest:
         assert "round-00002.pt is truncated or corrupt (its SHA-256 digest does not match). Using the " \
                "checkpoint before it." in resumed.stderr
