@@ -82,8 +82,7 @@ def test_a_federation_runs_on_a_ray_head_node_started_apart(tmp_path, digits_con
     env = environment(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     with tempfile.TemporaryDirectory(prefix="plfl-ray-") as temp_dir:  # short: Ray's socket paths have a limit
         start = subprocess.run([RAY, "start", "--head", "--num-cpus", "2", "--port", str(port), "--temp-dir",
-                                temp_dir, "--include-dashboard=false", "--disable-usage-stats",
-                                "--ray-client-server-port", str(free_port())],
+                                temp_dir, "--include-dashboard=false", "--disable-usage-stats"],
                                capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
         try:
             assert start.returncode == 0, start.stderr
