@@ -54,3 +54,9 @@ def digits_config(tmp_path):
         return validate(OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])))
 
     return make
+
+
+def last_metrics(run_dir: Path) -> dict[str, str]:
+    """The last row of a run's metrics.csv, column name → cell text."""
+    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    return dict(zip(header, rows[-1]))

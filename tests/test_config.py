@@ -110,6 +110,14 @@ def test_relative_data_root_resolves_against_cwd(tmp_path, monkeypatch):
     assert cfg.data.root == str(tmp_path / "some" / "dir")
 
 
+@pytest.mark.parametrize("method", ["local", "fedala", "fedprox", "fedavg_c", "fedprox_c", "fedavg_e", "fedavgm", "ditto",
+                                    "pfedme", "perfedavg", "fedrep", "lgfedavg", "fedbn", "fedamp", "fedfomo",
+                                    "pfedhn", "apple", "fedphp"])
+def test_baseline_configs_run_on_fedalas_mnist_federation(method):
+    cfg, fedavg = load_config(ROOT / "configs" / f"{method}.yaml", []), load_config(ROOT / "configs" / "fedavg.yaml", [])
+    assert cfg.data == fedavg.data and cfg.federation == fedavg.federation and cfg.method.name == method
+
+
 def test_ala_switches_on_for_fedavg():
     fedavg = ROOT / "configs" / "fedavg.yaml"
     cfg = load_config(fedavg, ["method.ala.s=50"])

@@ -2,21 +2,18 @@
 and an end-to-end run."""
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from conftest import last_metrics
 from plfl.checkpoint import load_latest_checkpoint
-from plfl.config import load_config
 from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
 from plfl.methods.fedamp import FedAMP, attention_weights, cloud_model
 from plfl.methods.schemas import FedAMPConfig
 from test_federation import make_context, run_hook
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_identical_clients_get_equal_cloud_models_and_a_dissimilar_one_is_down_weighted():
@@ -62,12 +59,8 @@ def test_client_trains_its_own_model_pulled_towards_the_cloud_model(tiny_federat
 
 
 def test_fedamp_runs_end_to_end_sending_one_cloud_model_per_client(digits_config):
-    cfg = load_config(ROOT / "configs" / "fedamp.yaml", [])
-    fedavg = load_config(ROOT / "configs" / "fedavg.yaml", [])
-    assert cfg.data == fedavg.data and cfg.federation == fedavg.federation  # FedALA's MNIST federation
     run_dir, _ = run_experiment(digits_config(**{"method.name": "fedamp"}))
-    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
-    last = dict(zip(header, rows[-1]))
+    last = last_metrics(run_dir)
     assert float(last["accuracy"]) > 0.3  # 10 classes: chance is 0.1
     model = load_latest_checkpoint(run_dir / "checkpoints")[1]["method"]["global_params"]  # the MLP: no buffers
     assert float(last["bytes_sent"]) == 5 * nbytes(model) == float(last["bytes_received"])

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from conftest import last_metrics
 from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.config import FederationConfig
 from plfl.errors import ConfigError
@@ -62,8 +63,7 @@ def test_after_a_round_batch_norm_is_each_clients_own_and_the_rest_the_average(t
 
 def test_batch_norm_bytes_are_never_received(digits_config):
     run_dir, summary = run_experiment(digits_config(**{"method.name": "fedbn", "model.batch_norm": True}))
-    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
-    last = dict(zip(header, rows[-1]))
+    last = last_metrics(run_dir)
     # digits: 64 inputs, MLP [32], 10 classes; float32. BN(32): γ, β, mean, var (float32) + an int64 count.
     model_bytes = 4 * (64 * 32 + 32 + 4 * 32 + 32 * 10 + 10) + 8
     bn_bytes = 4 * 4 * 32 + 8

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from conftest import last_metrics
 from plfl.experiment import run_experiment
 from plfl.methods.fedrep import FedRep
 from plfl.methods.schemas import FedRepConfig
@@ -66,8 +67,7 @@ def test_client_keeps_its_head_and_takes_the_averaged_body(tiny_federation):
 def test_only_the_shared_part_is_sent_or_received(digits_config, method, shared):
     """FedRep's head and LG-FedAvg's body never leave the client: hand-counted bytes per round."""
     run_dir, summary = run_experiment(digits_config(**{"method.name": method, "federation.join_ratio": 0.4}))
-    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
-    last = dict(zip(header, rows[-1]))
+    last = last_metrics(run_dir)
     # digits: 64 inputs, MLP [32], 10 classes; float32. Body 64·32 + 32, head 32·10 + 10.
     size = {"body": 4 * (64 * 32 + 32), "head": 4 * (32 * 10 + 10)}
     assert summary["num_parameters"] * 4 == size["body"] + size["head"]

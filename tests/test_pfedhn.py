@@ -2,19 +2,16 @@
 towards the trained model, its state resumes exactly, and an end-to-end run."""
 
 import copy
-from pathlib import Path
 
 import torch
 
-from plfl.config import load_config
+from conftest import last_metrics
 from plfl.experiment import run_experiment
 from plfl.methods.pfedhn import PFedHN
 from plfl.methods.schemas import PFedHNConfig
 from plfl.seeding import LOCAL_TRAINING, derive_seed
 from test_federation import make_context, run_hook
 from test_pfedla import run_loop
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_method(data, **keys):
@@ -71,11 +68,7 @@ def test_hypernetwork_and_momentum_resume_exactly(tiny_federation):
 
 
 def test_pfedhn_runs_end_to_end(digits_config):
-    cfg = load_config(ROOT / "configs" / "pfedhn.yaml", [])
-    fedavg = load_config(ROOT / "configs" / "fedavg.yaml", [])
-    assert cfg.data == fedavg.data and cfg.federation == fedavg.federation  # FedALA's MNIST federation
     run_dir, _ = run_experiment(digits_config(**{"method.name": "pfedhn"}))
-    header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
-    last = dict(zip(header, rows[-1]))
+    last = last_metrics(run_dir)
     assert float(last["accuracy"]) > 0.3  # 10 classes: chance is 0.1
     assert float(last["bytes_sent"]) == float(last["bytes_received"])  # θ_i down, Δθ_i up: one model each
