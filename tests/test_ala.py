@@ -100,7 +100,8 @@ def test_ala_changes_the_local_initialisation_and_nothing_else(tiny_federation, 
 
     def broadcast(method, round_):
         for i in clients:
-            method.store.set(i, "model", method.pre_local_init(i, method.server_message(i), round_))
+            init = method.pre_local_init(i, method.server_message(i), round_)
+            method.store.set(i, "model", run_hook(method.context, init))
 
     def train_and_aggregate(method, round_, starts):
         def update(i):

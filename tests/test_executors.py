@@ -10,10 +10,11 @@ from plfl.checkpoint import load_latest_checkpoint
 from plfl.client import ClientModule, TrainResult
 from plfl.config import FederationConfig
 from plfl.errors import ConfigError, PlflWarning
-from plfl.executors import (ClientFailure, EvalTask, SequentialExecutor, TrainTask, VectorizedExecutor,
-                            build_executor)
+from plfl.executors import (ClientFailure, EvalTask, LocalAggregationTask, SequentialExecutor, TrainTask,
+                            VectorizedExecutor, build_executor)
 from plfl.executors.lockstep import shuffled_rows
 from plfl.experiment import run_experiment
+from plfl.methods.schemas import ALAConfig
 from test_federation import make_context
 
 # (method, options of both runs); FedAvg with momentum and short last batches (n mod 7 ≠ 0).
@@ -125,3 +126,27 @@ def test_vectorized_needs_a_device_it_knows(tiny_federation):
                                           "mps or auto, not tpu. Set federation.executor=sequential."):
         build_executor(FederationConfig(executor="vectorized"), tiny_federation, context.local_trainer, "tpu",
                        "32-true")
+
+
+@pytest.mark.parametrize("p", [2, 3], ids=["head-only", "with-body"])
+def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p):
+    """Clients in and after the initial stage together, in 2 cohorts: the same W_i, models and epochs as one
+    client at a time (FedALA, Eq. 3–5), including clients that settle after different numbers of epochs."""
+    context, model = make_context(tiny_federation)
+    torch.manual_seed(1)
+    states = [{k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()} for _ in range(4)]
+    config = ALAConfig(s=80, p=p, eta=2.0, threshold=0.02, num_pre_loss=2, max_init_epochs=6)
+    top = [name for name, _ in model.named_parameters()][-p:]
+    weights = [None, {k: torch.rand_like(states[1][k]) for k in top}, None, None]
+    tasks = [LocalAggregationTask(i, states[0], states[i], weights[i], seed=10 + i, config=config) for i in range(4)]
+    sequential = SequentialExecutor(context.data, context.local_trainer).aggregate_locally(tasks)
+    vectorized = VectorizedExecutor(context.data, context.local_trainer, torch.device("cpu"), 2,
+                                    "32-true").aggregate_locally(tasks)
+    assert [o.epochs for o in vectorized] == [o.epochs for o in sequential]
+    assert sequential[1].epochs == 1 and len({o.epochs for o in sequential}) > 1  # the initial stages differ
+    for one, other in zip(sequential, vectorized):
+        assert one.weights.keys() == other.weights.keys() == set(top)
+        for key in one.params:
+            torch.testing.assert_close(one.params[key], other.params[key], atol=1e-5, rtol=0)
+        for key in one.weights:
+            torch.testing.assert_close(one.weights[key], other.weights[key], atol=1e-5, rtol=0)

@@ -81,7 +81,7 @@ def test_ala_skipped_at_first_initialisation_then_runs(tiny_federation):
     assert context.store.get(0, "ala_weights") is None  # nothing learned in round 0
     context.store.set(0, "model", {k: v + 0.5 for k, v in first.items()})
     with pytest.warns(Warning):
-        second = method.pre_local_init(0, global_params, round_=1)
+        second = run_hook(context, method.pre_local_init(0, global_params, round_=1))
     assert set(context.store.get(0, "ala_weights")) == {"head.weight", "head.bias"}
     assert torch.equal(second["body.1.weight"], global_params["body.1.weight"])
 

@@ -10,11 +10,11 @@ from plfl.data import FederatedData
 from plfl.errors import ConfigError
 from plfl.executors.base import Executor, drive, resolved
 from plfl.executors.sequential import SequentialExecutor
-from plfl.executors.tasks import ClientFailure, EvalTask, Trains, TrainTask
+from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, Trains, TrainTask
 from plfl.executors.vectorized import VectorizedExecutor
 
-__all__ = ["ClientFailure", "EvalTask", "Executor", "SequentialExecutor", "TrainTask", "Trains", "VectorizedExecutor",
-           "build_executor", "drive", "resolved"]
+__all__ = ["ClientFailure", "EvalTask", "Executor", "LocalAggregationTask", "SequentialExecutor", "TrainTask", "Trains",
+           "VectorizedExecutor", "build_executor", "drive", "resolved"]
 
 
 def build_executor(federation: FederationConfig, data: FederatedData, trainer: LocalTrainer, accelerator: str,

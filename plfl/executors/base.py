@@ -2,11 +2,13 @@
 
 A method hook that trains is a generator function: ``result = yield
 self.train_task(...)`` hands a :class:`~plfl.executors.tasks.TrainTask` to the
-loop and receives its :class:`~plfl.client.TrainResult`; the hook's return
-value is its result. :func:`drive` advances every client's hook of a phase
-together, so that one ``Executor.train`` call receives all clients' tasks of
-a step (the vectorized executor trains them at once). Executors only train
-and evaluate: they never touch the method, the client-state store or the
+loop and receives its :class:`~plfl.client.TrainResult` (a
+:class:`~plfl.executors.tasks.LocalAggregationTask`, ALA's weight learning,
+receives an :class:`~plfl.methods.ala.ALAOutcome`); the hook's return value is
+its result. :func:`drive` advances every client's hook of a phase together, so
+that one executor call receives all clients' tasks of a step (the vectorized
+executor runs them at once). Executors only train, aggregate locally and
+evaluate: they never touch the method, the client-state store or the
 callbacks.
 """
 
@@ -16,7 +18,8 @@ from typing import Generator, Optional, Protocol, TypeVar
 
 from plfl.client import EvalResult, TrainResult
 from plfl.errors import PlflError
-from plfl.executors.tasks import ClientFailure, EvalTask, Trains, TrainTask, raised
+from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, Trains, TrainTask, raised
+from plfl.methods.ala import ALAOutcome
 
 T = TypeVar("T")
 
@@ -27,6 +30,9 @@ class Executor(Protocol):
     def train(self, tasks: list[TrainTask]) -> list[TrainResult | ClientFailure]:
         """One outcome per task, in order: a failure for a task that raised (a ``PlflError`` propagates:
         bad input fails every client alike) or whose trained parameters hold NaN or Inf."""
+
+    def aggregate_locally(self, tasks: list[LocalAggregationTask]) -> list[ALAOutcome | ClientFailure]:
+        """One outcome per task, in order, failures as in :meth:`train`."""
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         """One result per task, in order."""
@@ -46,8 +52,9 @@ def resolved(value: Trains[T] | T) -> Trains[T]:
 def drive(hooks: list[Trains[T]], executor: Executor) -> list[T | ClientFailure]:
     """Run the clients' hooks in lock-step and return each one's value, in order.
 
-    Each step gathers the task every unfinished hook waits on, trains them with
-    one ``executor.train`` call and sends each hook its result. A hook whose
+    Each step gathers the task every unfinished hook waits on, runs them with
+    one ``executor.train`` call (and one ``executor.aggregate_locally`` call for
+    the ALA tasks) and sends each hook its result. A hook whose
     task failed is closed and gets that failure; one that raises gets
     :func:`~plfl.executors.tasks.raised` of the error.
 
@@ -55,7 +62,8 @@ def drive(hooks: list[Trains[T]], executor: Executor) -> list[T | ClientFailure]
         PlflError: raised by a hook or the executor (bad input or options).
     """
     outcomes: list[Optional[T | ClientFailure]] = [None] * len(hooks)
-    waiting: dict[int, TrainTask] = {}
+    waiting: dict[int, TrainTask | LocalAggregationTask] = {}
+    runs = ((TrainTask, executor.train), (LocalAggregationTask, executor.aggregate_locally))
 
     def advance(i: int, result: Optional[TrainResult]) -> None:
         try:
@@ -70,12 +78,13 @@ def drive(hooks: list[Trains[T]], executor: Executor) -> list[T | ClientFailure]
     for i in range(len(hooks)):
         advance(i, None)
     while waiting:
-        indices = list(waiting)
-        results = executor.train([waiting.pop(i) for i in indices])
-        for i, result in zip(indices, results, strict=True):
-            if isinstance(result, ClientFailure):
-                hooks[i].close()
-                outcomes[i] = result
-            else:
-                advance(i, result)
+        for kind, run in runs:
+            indices = [i for i, task in waiting.items() if isinstance(task, kind)]
+            results = run([waiting.pop(i) for i in indices]) if indices else []
+            for i, result in zip(indices, results, strict=True):
+                if isinstance(result, ClientFailure):
+                    hooks[i].close()
+                    outcomes[i] = result
+                else:
+                    advance(i, result)
     return outcomes

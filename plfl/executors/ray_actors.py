@@ -22,7 +22,8 @@ from plfl.config import RayConfig
 from plfl.data import FederatedData
 from plfl.errors import ConfigError, FederationError, PlflError
 from plfl.executors.sequential import SequentialExecutor
-from plfl.executors.tasks import ClientFailure, EvalTask, TrainTask
+from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask
+from plfl.methods.ala import ALAOutcome
 
 
 class ClientWorker:
@@ -40,6 +41,9 @@ class ClientWorker:
 
     def train(self, task: TrainTask) -> TrainResult | ClientFailure:
         return self.executor.train([task])[0]
+
+    def aggregate_locally(self, task: LocalAggregationTask) -> ALAOutcome | ClientFailure:
+        return self.executor.aggregate_locally([task])[0]
 
     def evaluate(self, task: EvalTask) -> EvalResult:
         return self.executor.evaluate([task])[0]
@@ -83,6 +87,9 @@ class RayExecutor:
 
     def train(self, tasks: list[TrainTask]) -> list[TrainResult | ClientFailure]:
         return self._run("train", tasks, lambda task, reason: ClientFailure(reason))
+
+    def aggregate_locally(self, tasks: list[LocalAggregationTask]) -> list[ALAOutcome | ClientFailure]:
+        return self._run("aggregate_locally", tasks, lambda task, reason: ClientFailure(reason))
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         def fail(task: EvalTask, reason: str) -> EvalResult:

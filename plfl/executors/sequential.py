@@ -1,16 +1,19 @@
 """The sequential executor: one client after another on one :class:`~plfl.client.LocalTrainer`
-(one ClientModule on one reused Lightning Trainer)."""
+(one ClientModule on one reused Lightning Trainer); ALA's weight learning in a plain autograd loop."""
 
 from __future__ import annotations
 
+import copy
 from functools import cached_property
 
 import torch
+from torch import nn
 
 from plfl.client import EvalResult, LocalTrainer, TrainResult
 from plfl.data import FederatedData
 from plfl.errors import PlflError
-from plfl.executors.tasks import ClientFailure, EvalTask, TrainTask, checked, raised
+from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask, checked, raised
+from plfl.methods.ala import AdaptiveLocalAggregation, ALAOutcome
 
 
 class SequentialExecutor:
@@ -37,6 +40,26 @@ class SequentialExecutor:
         except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
             return raised(error)
         return checked(result)
+
+    def aggregate_locally(self, tasks: list[LocalAggregationTask]) -> list[ALAOutcome | ClientFailure]:
+        return [self._aggregate_locally(task) for task in tasks]
+
+    def _aggregate_locally(self, task: LocalAggregationTask) -> ALAOutcome | ClientFailure:
+        client = self.data.clients[task.client_id]
+        ala = AdaptiveLocalAggregation(task.config, self.architecture, self.trainer.batch_size)
+        try:
+            outcome = ala(task.global_params, task.local_params, task.weights, client.x_train, client.y_train,
+                          torch.Generator().manual_seed(task.seed), task.client_id)
+        except PlflError:
+            raise
+        except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
+            return raised(error, "ALA")
+        return checked(outcome)
+
+    @cached_property
+    def architecture(self) -> nn.Module:
+        """A CPU copy of the clients' model for ALA's functional calls (the trainer's may sit on a GPU)."""
+        return copy.deepcopy(self.trainer.module.model).cpu()
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         return [self.trainer.evaluate(task.params, *self.test_split(task.client_id)) for task in tasks]

@@ -13,11 +13,14 @@ from typing import Generator, Optional, TypeVar
 import torch
 
 from plfl.client import ProximalTerm, TrainResult
+from plfl.methods.ala import ALAOutcome
+from plfl.methods.schemas import ALAConfig
 from plfl.state import Params
 
 T = TypeVar("T")
-# A hook that trains: it yields TrainTasks, receives each one's TrainResult, and returns its own value.
-Trains = Generator["TrainTask", TrainResult, T]
+# A hook that trains: it yields TrainTasks (or LocalAggregationTasks), receives each one's TrainResult
+# (ALAOutcome), and returns its own value.
+Trains = Generator["TrainTask | LocalAggregationTask", "TrainResult | ALAOutcome", T]
 
 
 @dataclass(frozen=True, eq=False)
@@ -47,6 +50,20 @@ class TrainTask:
 
 
 @dataclass(frozen=True, eq=False)
+class LocalAggregationTask:
+    """Adaptive local aggregation of client ``client_id`` on its training split (FedALA, Eq. 3–5, Alg. 1
+    lines 6–16): the arguments of :class:`plfl.methods.ala.AdaptiveLocalAggregation`; the result is an
+    :class:`~plfl.methods.ala.ALAOutcome`."""
+
+    client_id: int
+    global_params: Params  # Θ, the received global model (not modified)
+    local_params: Params  # Θ_i, the client's old local model (not modified)
+    weights: Optional[Params]  # W_i from the client's last ALA; None before its first (the initial stage)
+    seed: int  # draws the s % sample of the training split
+    config: ALAConfig
+
+
+@dataclass(frozen=True, eq=False)
 class EvalTask:
     """Evaluation of ``params`` on client ``client_id``'s test split; None: on all clients' test splits together
     (the global model's test set)."""
@@ -63,13 +80,13 @@ class ClientFailure:
     reason: str
 
 
-def raised(error: Exception) -> ClientFailure:
-    """The failure of a client whose local training raised ``error``."""
-    return ClientFailure(f"local training raised {type(error).__name__}: {error}")
+def raised(error: Exception, work: str = "local training") -> ClientFailure:
+    """The failure of a client whose ``work`` raised ``error``."""
+    return ClientFailure(f"{work} raised {type(error).__name__}: {error}")
 
 
-def checked(result: TrainResult) -> TrainResult | ClientFailure:
-    """``result``, or a failure when its parameters hold NaN or Inf."""
+def checked(result: T) -> T | ClientFailure:
+    """``result`` (a TrainResult or an ALAOutcome), or a failure when its parameters hold NaN or Inf."""
     bad = non_finite(result.params)
     if bad is None:
         return result

@@ -16,7 +16,7 @@ import math
 import warnings
 from collections import defaultdict
 from functools import cached_property, partial
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,9 @@ from plfl.data import FederatedData
 from plfl.errors import PlflError, PlflWarning
 from plfl.executors.lockstep import Split, first_rows, ordered_rows, shuffled_rows, stack, unstack, unsupported
 from plfl.executors.sequential import SequentialExecutor
-from plfl.executors.tasks import ClientFailure, EvalTask, TrainTask, checked, raised
+from plfl.executors.stacked_ala import aggregate_cohort, sample_rows
+from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask, checked, raised
+from plfl.methods.ala import ALAOutcome
 from plfl.state import Params
 
 
@@ -52,23 +54,11 @@ class VectorizedExecutor:
         if any(task.samples is not None for task in tasks):
             return self._fall_back("a task trains on part of a client's training split (FedFomo's validation "
                                    "hold-out)", self.sequential.train, tasks)
-        groups = defaultdict(list)
-        for i, t in enumerate(tasks):
-            groups[t.epochs, t.steps, t.trainable, None if t.proximal is None else t.proximal.mu].append(i)
-        outcomes: list = [None] * len(tasks)
-        for group in groups.values():
-            rows = {i: shuffled_rows(self.data.clients[tasks[i].client_id].num_train, self.batch_size,
-                                     tasks[i].seed, tasks[i].epochs, tasks[i].steps) for i in group}
-            for cohort in self._cohorts(sorted(group, key=lambda i: -len(rows[i]))):
-                try:
-                    results = self._train_cohort([tasks[i] for i in cohort], [rows[i] for i in cohort])
-                except PlflError:
-                    raise
-                except Exception as error:  # noqa: BLE001  the cohort's clients fail, the federation goes on
-                    results = [raised(error)] * len(cohort)
-                for i, result in zip(cohort, results):
-                    outcomes[i] = result
-        return outcomes
+        return self._in_cohorts(
+            tasks, lambda t: (t.epochs, t.steps, t.trainable, None if t.proximal is None else t.proximal.mu),
+            lambda t: shuffled_rows(self.data.clients[t.client_id].num_train, self.batch_size, t.seed, t.epochs,
+                                    t.steps),
+            self._train_cohort, "local training")
 
     def _train_cohort(self, tasks: list[TrainTask], rows: list[torch.Tensor]) -> list[TrainResult | ClientFailure]:
         first = tasks[0]
@@ -104,6 +94,38 @@ class VectorizedExecutor:
         if anchor is not None:
             loss = loss + mu / 2 * torch.stack([(p - anchor[k]).pow(2).sum() for k, p in params.items()]).sum()
         return loss, summed.detach()
+
+    def aggregate_locally(self, tasks: list[LocalAggregationTask]) -> list[ALAOutcome | ClientFailure]:
+        """ALA's weight learning in cohorts of clients sharing a config (:mod:`plfl.executors.stacked_ala`)."""
+        if self.eval_reason:
+            return self._fall_back(self.eval_reason, self.sequential.aggregate_locally, tasks)
+        return self._in_cohorts(
+            tasks, lambda t: id(t.config),
+            lambda t: sample_rows(self.data.clients[t.client_id].num_train, t, self.batch_size),
+            lambda cohort, rows: [checked(o) for o in aggregate_cohort(self.model, self.train_split, cohort, rows,
+                                                                       self.device)],
+            "ALA")
+
+    def _in_cohorts(self, tasks: list, key: Callable, rows_of: Callable, run: Callable, work: str) -> list:
+        """Each task's outcome: tasks grouped by ``key(task)`` (what a cohort must share), each group cut into
+        cohorts, longest ``rows_of(task)`` first, and each cohort run by ``run(tasks, rows)``; a cohort that
+        raises fails its clients alone (``PlflError``, bad input, propagates)."""
+        groups = defaultdict(list)
+        for i, t in enumerate(tasks):
+            groups[key(t)].append(i)
+        outcomes: list = [None] * len(tasks)
+        for group in groups.values():
+            rows = {i: rows_of(tasks[i]) for i in group}
+            for cohort in self._cohorts(sorted(group, key=lambda i: -len(rows[i]))):
+                try:
+                    results = run([tasks[i] for i in cohort], [rows[i] for i in cohort])
+                except PlflError:
+                    raise
+                except Exception as error:  # noqa: BLE001  the cohort's clients fail, the federation goes on
+                    results = [raised(error, work)] * len(cohort)
+                for i, result in zip(cohort, results):
+                    outcomes[i] = result
+        return outcomes
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         if self.eval_reason:

@@ -56,10 +56,7 @@ class AdaptiveLocalAggregation:
         self.config = config
         self.model = model  # architecture only: parameters are supplied per call
         self.batch_size = batch_size
-        names = [name for name, _ in model.named_parameters()]
-        if config.p > len(names):
-            raise ConfigError(f"ALA p={config.p} exceeds the model's {len(names)} parameter tensors; lower p.")
-        self.top = names[-config.p:]
+        self.top = top_names(model, config.p)
 
     def __call__(
         self,
@@ -102,10 +99,10 @@ class AdaptiveLocalAggregation:
                     weights[k] = torch.clamp(weights[k] - cfg.eta * g * gap[k], 0, 1)
                 theta = mixed()
             losses.append(loss.item())
-            if not initial_stage or self._settled(losses):
+            if not initial_stage or settled(cfg, losses):
                 break
             if len(losses) >= cfg.max_init_epochs:
-                self._warn_capped(client_id, losses)
+                warn_capped(cfg, client_id, losses)
                 break
         params = {k: v.clone() for k, v in global_params.items()}
         params.update({k: theta[k].detach() for k in self.top})
@@ -120,7 +117,7 @@ class AdaptiveLocalAggregation:
         Buffers are copied so that BatchNorm statistics updated here are discarded.
         """
         fixed = {k: v.clone() for k, v in global_params.items() if k not in self.top}
-        if not (isinstance(self.model, BodyHeadModel) and all(k.startswith("head.") for k in self.top)):
+        if not head_only(self.model, self.top):
             return batches, lambda inp, theta: functional_call(self.model, {**fixed, **theta}, (inp,))
         body, head = _submodule_params(fixed, "body."), _submodule_params(fixed, "head.")
         with torch.no_grad():
@@ -129,29 +126,55 @@ class AdaptiveLocalAggregation:
             self.model.head, {**head, **_submodule_params(theta, "head.")}, (inp,)
         )
 
-    def _warn_capped(self, client_id: int, losses: list[float]) -> None:
-        cfg = self.config
-        warnings.warn(
-            f"ALA's initial stage for client {client_id} stopped at method.max_init_epochs={cfg.max_init_epochs} "
-            f"epochs before its loss settled (std of the last {cfg.num_pre_loss} epoch losses "
-            f"{np.std(losses[-cfg.num_pre_loss:]):.4f} >= threshold {cfg.threshold}). "
-            "Raise method.threshold or method.max_init_epochs.",
-            PlflWarning,
-            stacklevel=3,
-        )
-
-    def _settled(self, losses: list[float]) -> bool:
-        n = self.config.num_pre_loss
-        return len(losses) > n and float(np.std(losses[-n:])) < self.config.threshold
-
     def _sample_batches(
         self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
     ) -> list[Batch]:
         """The s % sample of (x, y), in data order, cut into mini-batches (the same every epoch)."""
-        count = max(1, int(self.config.s / 100 * len(y)))
-        index = torch.randperm(len(y), generator=generator)[:count].sort().values
+        index = sample_index(len(y), self.config.s, generator)
         xs, ys = x[index], y[index]
-        return [(xs[i:i + self.batch_size], ys[i:i + self.batch_size]) for i in range(0, count, self.batch_size)]
+        return [(xs[i:i + self.batch_size], ys[i:i + self.batch_size]) for i in range(0, len(index), self.batch_size)]
+
+
+def top_names(model: nn.Module, p: int) -> list[str]:
+    """The names of the top ``p`` parameter tensors (``named_parameters`` order, counted from the end).
+
+    Raises:
+        ConfigError: the model has fewer than ``p`` parameter tensors.
+    """
+    names = [name for name, _ in model.named_parameters()]
+    if p > len(names):
+        raise ConfigError(f"ALA p={p} exceeds the model's {len(names)} parameter tensors; lower p.")
+    return names[-p:]
+
+
+def head_only(model: nn.Module, top: list[str]) -> bool:
+    """Whether ALA aggregates head tensors only, so that the body is the fixed global body in every epoch."""
+    return isinstance(model, BodyHeadModel) and all(k.startswith("head.") for k in top)
+
+
+def sample_index(n: int, s: float, generator: torch.Generator) -> torch.Tensor:
+    """(max(1, ⌊s/100 · n⌋),) int64: the s % sample of n training samples that ALA learns on, in data order."""
+    count = max(1, int(s / 100 * n))
+    return torch.randperm(n, generator=generator)[:count].sort().values
+
+
+def settled(config: ALAConfig, losses: list[float]) -> bool:
+    """Whether the initial stage ends: more than ``num_pre_loss`` epoch losses, the std of the last ones below
+    ``threshold``."""
+    n = config.num_pre_loss
+    return len(losses) > n and float(np.std(losses[-n:])) < config.threshold
+
+
+def warn_capped(config: ALAConfig, client_id: int, losses: list[float]) -> None:
+    """Warn that client ``client_id``'s initial stage hit ``max_init_epochs`` before its ``losses`` settled."""
+    warnings.warn(
+        f"ALA's initial stage for client {client_id} stopped at method.max_init_epochs={config.max_init_epochs} "
+        f"epochs before its loss settled (std of the last {config.num_pre_loss} epoch losses "
+        f"{np.std(losses[-config.num_pre_loss:]):.4f} >= threshold {config.threshold}). "
+        "Raise method.threshold or method.max_init_epochs.",
+        PlflWarning,
+        stacklevel=2,
+    )
 
 
 def _submodule_params(params: Params, prefix: str) -> Params:

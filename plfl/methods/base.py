@@ -30,8 +30,8 @@ from plfl.client import LocalTrainer, TrainResult
 from plfl.config import FederationConfig
 from plfl.data import FederatedData
 from plfl.errors import ConfigError
-from plfl.executors.tasks import Trains, TrainTask
-from plfl.methods.ala import AdaptiveLocalAggregation
+from plfl.executors.tasks import LocalAggregationTask, Trains, TrainTask
+from plfl.methods.ala import top_names
 from plfl.methods.schemas import ALAConfig, MethodConfig
 from plfl.seeding import ALA_SUBSET, LOCAL_TRAINING, derive_seed
 from plfl.state import ClientStateStore, Params
@@ -80,8 +80,9 @@ class Method:
         self.context = context
         self.store = context.store
         self.global_params = initial_params
-        ala = self.ala_config()
-        self.ala = None if ala is None else AdaptiveLocalAggregation(ala, context.model, context.federation.batch_size)
+        self.ala = self.ala_config()
+        if self.ala is not None:
+            top_names(context.model, self.ala.p)  # refuses a p beyond the model's tensors before training
 
     def ala_config(self) -> Optional[ALAConfig]:
         return getattr(self.config, "ala", None)
@@ -94,15 +95,17 @@ class Method:
         """The client's model after receiving ``message``: its model for evaluation and training.
 
         Default: overwrite the local model with the global one, or ALA's
-        initialisation when ALA is on and the client already has a local model.
+        initialisation (run by the executor) when ALA is on and the client already has a local model.
         """
         local = self.store.get(client_id, "model")
         if self.ala is None or local is None:
             return {k: v.clone() for k, v in message.items()}
-        data = self.context.data.clients[client_id]
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, round_, client_id, ALA_SUBSET))
-        outcome = self.ala(message, local, self.store.get(client_id, "ala_weights"),
-                           data.x_train, data.y_train, generator, client_id)
+        return self.local_aggregation(client_id, message, local, round_)
+
+    def local_aggregation(self, client_id: int, message: Params, local: Params, round_: int) -> Trains[Params]:
+        """ALA's initialisation of the client's model from ``message`` and its old ``local`` model; keeps W_i."""
+        outcome = yield LocalAggregationTask(client_id, message, local, self.store.get(client_id, "ala_weights"),
+                                             derive_seed(self.seed, round_, client_id, ALA_SUBSET), self.ala)
         self.store.set(client_id, "ala_weights", outcome.weights)
         self.store.set(client_id, "ala_epochs", outcome.epochs)
         return outcome.params
