@@ -20,7 +20,8 @@ from test_federation import make_context
 # (method, options of both runs); FedAvg with momentum and short last batches (n mod 7 ≠ 0).
 PARITY = [("fedavg", {"federation.momentum": 0.5, "federation.batch_size": 7}), ("local", {}),
           ("fedala", {"method.p": 2}), ("selffl", {"method.warmup_rounds": 1, "method.l_max": 5}),
-          ("fedftha", {}), ("ditto", {}), ("fedrep", {}), ("fedavg_c", {})]
+          ("fedftha", {}), ("ditto", {}), ("fedrep", {}), ("fedavg_c", {}), ("fedprox", {"method.mu": 0.1}),
+          ("pfedla", {}), ("heurpfedla", {"method.k": 1})]  # pFedLA: per-client start models from the server
 
 
 def run(digits_config, executor, **options):
