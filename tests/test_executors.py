@@ -129,17 +129,20 @@ def test_vectorized_needs_a_device_it_knows(tiny_federation):
                        "32-true")
 
 
-@pytest.mark.parametrize("p", [2, 3], ids=["head-only", "with-body"])
-def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p):
+@pytest.mark.parametrize("p, shared", [(2, True), (2, False), (3, True)],
+                         ids=["head-only", "head-only-separate-messages", "with-body"])
+def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p, shared):
     """Clients in and after the initial stage together, in 2 cohorts: the same W_i, models and epochs as one
-    client at a time (FedALA, Eq. 3–5), including clients that settle after different numbers of epochs."""
+    client at a time (FedALA, Eq. 3–5), including clients that settle after different numbers of epochs; with
+    one global model object for all clients (the body's features in one call) or a copy each."""
     context, model = make_context(tiny_federation)
     torch.manual_seed(1)
     states = [{k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()} for _ in range(4)]
     config = ALAConfig(s=80, p=p, eta=2.0, threshold=0.02, num_pre_loss=2, max_init_epochs=6)
     top = [name for name, _ in model.named_parameters()][-p:]
     weights = [None, {k: torch.rand_like(states[1][k]) for k in top}, None, None]
-    tasks = [LocalAggregationTask(i, states[0], states[i], weights[i], seed=10 + i, config=config) for i in range(4)]
+    tasks = [LocalAggregationTask(i, states[0] if shared else dict(states[0]), states[i], weights[i], seed=10 + i,
+                                  config=config) for i in range(4)]
     sequential = SequentialExecutor(context.data, context.local_trainer).aggregate_locally(tasks)
     vectorized = VectorizedExecutor(context.data, context.local_trainer, torch.device("cpu"), 2,
                                     "32-true").aggregate_locally(tasks)

@@ -43,7 +43,8 @@ def aggregate_cohort(model: nn.Module, split: Split, tasks: list[LocalAggregatio
     weights = stack([t.weights or {k: torch.ones_like(t.global_params[k]) for k in top} for t in tasks], device)
     fixed = {k.removeprefix(prefix): v for k, v in global_params.items() if k.startswith(prefix) and k not in top}
     index, mask, active = split.schedule([split.offsets[t.client_id] for t in tasks], rows)
-    inputs = _inputs(model, global_params, split, index, active) if prefix else None
+    shared = all(t.global_params is tasks[0].global_params for t in tasks)  # one message to all (FedAvg's)
+    inputs = _inputs(model, global_params, split, index, active, shared) if prefix else None
 
     def loss(theta: Params, fixed: Params, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
         logits = functional_call(net, {**fixed, **{k.removeprefix(prefix): v for k, v in theta.items()}}, (x,),
@@ -85,11 +86,16 @@ def aggregate_cohort(model: nn.Module, split: Split, tasks: list[LocalAggregatio
             for p, w, c_losses in zip(unstack(params, len(tasks)), unstack(weights, len(tasks)), losses)]
 
 
-def _inputs(model: nn.Module, global_params: Params, split: Split, index: torch.Tensor,
-            active: list[int]) -> list[torch.Tensor]:
+def _inputs(model: nn.Module, global_params: Params, split: Split, index: torch.Tensor, active: list[int],
+            shared: bool) -> list[torch.Tensor]:
     """Per step s, the (active[s], W, *feature) features of the clients' batches under their fixed global
-    bodies: when ALA aggregates head tensors only, the body is the same in every epoch, so it runs once."""
+    bodies: when ALA aggregates head tensors only, the body is the same in every epoch, so it runs once.
+    When every client received the same global model (``shared``), one body call takes all clients' rows."""
     body = {k.removeprefix("body."): v for k, v in global_params.items() if k.startswith("body.")}
-    forward = vmap(partial(functional_call, model.body, strict=True))
     with torch.no_grad():
+        if shared:
+            one = {k: v[0] for k, v in body.items()}
+            return [functional_call(model.body, one, (split.x[index[s, :a]].flatten(0, 1),), strict=True)
+                    .unflatten(0, (a, -1)) for s, a in enumerate(active)]
+        forward = vmap(partial(functional_call, model.body, strict=True))
         return [forward({k: v[:a] for k, v in body.items()}, (split.x[index[s, :a]],)) for s, a in enumerate(active)]
