@@ -273,6 +273,11 @@ class LocalTrainer:
         self.batch_size = batch_size
         self.batch_norm = any(isinstance(m, _BatchNorm) for m in module.model.modules())
 
+    def epoch_size(self, n: int) -> int:
+        """How many of n training samples a local epoch visits: n, or n - 1 for a model with BatchNorm when a
+        last batch of one sample would remain (the class docstring's BatchNorm rule)."""
+        return n - 1 if self.batch_norm and n > 1 and n % self.batch_size == 1 else n
+
     def train(
         self,
         params: Params,
@@ -306,9 +311,8 @@ class LocalTrainer:
         loop = self.trainer.fit_loop
         loop.max_epochs = self.trainer.current_epoch + epochs if epochs else -1
         loop.epoch_loop.max_steps = self.trainer.global_step + steps if steps else -1
-        n = len(y)
-        size = n - 1 if self.batch_norm and n > 1 and n % self.batch_size == 1 else n
-        loader = batch_loader(x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch, size=size)
+        loader = batch_loader(x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch,
+                              size=self.epoch_size(len(y)))
         self.module.proximal = proximal
         # Seeded per fit, not once per run: a fit's draws depend only on its seed (and so survive a resume).
         self.module.generator.manual_seed(derive_seed(seed, 0, 0, AUGMENTATION))

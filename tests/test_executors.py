@@ -1,5 +1,6 @@
 """Executors: the vectorized executor trains and evaluates as the sequential one does, and falls back with a notice."""
 
+import copy
 import csv
 import warnings
 
@@ -7,14 +8,16 @@ import pytest
 import torch
 
 from plfl.checkpoint import load_latest_checkpoint
-from plfl.client import ClientModule, TrainResult
+from plfl.client import ClientModule, LocalTrainer, TrainResult, build_trainer
 from plfl.config import FederationConfig
 from plfl.errors import ConfigError, PlflWarning
 from plfl.executors import (ClientFailure, EvalTask, LocalAggregationTask, SequentialExecutor, TrainTask,
                             VectorizedExecutor, build_executor)
-from plfl.executors.lockstep import shuffled_rows
+from plfl.executors.lockstep import MaskedBatchNorm, masked, shuffled_rows
+from plfl.data import ClientData, FederatedData
 from plfl.experiment import run_experiment
 from plfl.methods.schemas import ALAConfig
+from plfl.models import build_model
 from test_federation import make_context
 
 # (method, options of both runs); FedAvg with momentum and short last batches (n mod 7 ≠ 0).
@@ -81,13 +84,31 @@ def test_a_diverging_client_fails_alone(tiny_federation):
             torch.testing.assert_close(result.params[key], alone.params[key], atol=1e-6, rtol=0)
 
 
-def test_batch_norm_falls_back_to_sequential_with_one_notice(digits_config):
-    options = {"model.batch_norm": True, "federation.rounds": 1}
+@pytest.mark.parametrize("method", ["fedavg", "fedala", "fedbn"])
+def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
+    """Per-client batch statistics of the real samples only (batch 7: short last batches; a client with
+    n mod 7 = 1 drops a sample each epoch, LocalTrainer's BatchNorm rule) and per-client running statistics."""
+    options = {"method.name": method, "model.batch_norm": True, "federation.batch_size": 7,
+               "federation.momentum": 0.5}
+    sequential = run(digits_config, "sequential", **options)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
+        vectorized = run(digits_config, "vectorized", **options, **{"federation.cohort_size": 3})
+    for one, other in zip(sequential[:2], vectorized[:2]):
+        assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
+    for one, other in zip(sequential[2], vectorized[2]):
+        assert any("running_var" in key for key in one)
+        for key in one:
+            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+
+
+def test_an_unsupported_layer_falls_back_to_sequential_with_one_notice(digits_config):
+    options = {"federation.rounds": 1, "trainer.precision": "bf16-mixed"}
     with pytest.warns(PlflWarning) as caught:
         vectorized = run(digits_config, "vectorized", **options)
     notices = [str(w.message) for w in caught if "federation.executor" in str(w.message)]
-    assert notices == ["federation.executor=vectorized runs this work on the sequential executor: the model's "
-                       "BatchNorm layers update running statistics."]
+    assert notices == ["federation.executor=vectorized runs this work on the sequential executor: "
+                       "trainer.precision=bf16-mixed (it computes in float32 only)."]
     sequential = run(digits_config, "sequential", **options)
     assert vectorized[:2] == sequential[:2]
     assert all(torch.equal(a[k], b[k]) for a, b in zip(vectorized[2], sequential[2]) for k in a)
@@ -154,3 +175,56 @@ def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p,
             torch.testing.assert_close(one.params[key], other.params[key], atol=1e-5, rtol=0)
         for key in one.weights:
             torch.testing.assert_close(one.weights[key], other.weights[key], atol=1e-5, rtol=0)
+
+
+def test_resnet18_trains_and_evaluates_vectorized_as_sequential():
+    """torchvision's ResNet-18 (BatchNorm, residual blocks) on 32×32 images: one SGD step of batch 5 per client
+    (client 1's 4 samples padded to 5), trained and evaluated in one cohort. One step only: BatchNorm over 4–5
+    values at ResNet's 1×1 last stage is ill-conditioned, so float32 rounding grows step by step (two correct
+    implementations drift apart by 1e-3 to 1e-1 within 2–4 steps, with padding or without)."""
+    g = torch.Generator().manual_seed(0)
+    clients = [ClientData(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 4, (n,), generator=g),
+                          torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 4, (4,), generator=g))
+               for n in (7, 4, 5)]
+    data = FederatedData("images", clients, num_classes=4, input_shape=(3, 32, 32))
+    torch.manual_seed(0)
+    model = build_model("resnet18", data.input_shape, data.num_classes)
+    trainer = LocalTrainer(ClientModule(model, data.num_classes, lr=0.01, momentum=0.5),
+                           build_trainer("cpu", 1, "32-true"), 5)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    tasks = [TrainTask(i, start, seed=i, steps=1) for i in range(3)]
+    sequential = SequentialExecutor(data, trainer)
+    vectorized = VectorizedExecutor(data, trainer, torch.device("cpu"), None, "32-true")
+    trained = [sequential.train(tasks), vectorized.train(tasks)]
+    assert [r.samples_seen for r in trained[1]] == [r.samples_seen for r in trained[0]] == [5, 4, 5]
+    for one, other in zip(*trained):
+        assert one.loss == pytest.approx(other.loss, rel=1e-3)
+        for key in one.params:
+            torch.testing.assert_close(one.params[key], other.params[key], atol=1e-4, rtol=0)
+    evals = [EvalTask(i, r.params) for i, r in enumerate(trained[0])]
+    for one, other in zip(sequential.evaluate(evals), vectorized.evaluate(evals)):
+        assert one.correct == other.correct
+        assert one.loss == pytest.approx(other.loss, rel=1e-3)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_masked_batch_norm_ignores_padding_and_updates_statistics_as_torch(momentum):
+    """MaskedBatchNorm on 5 real rows + 3 padded rows (mask 0) = torch's BatchNorm2d on the 5 rows: output,
+    gradients, and running mean/var (unbiased)/count after one training step, momentum or cumulative."""
+    torch.manual_seed(0)
+    norm = torch.nn.BatchNorm2d(3, momentum=momentum)
+    norm.weight.data.uniform_(0.5, 1.5)
+    norm.running_var.fill_(2.0)
+    masked_norm = MaskedBatchNorm(copy.deepcopy(norm))
+    x = torch.randn(5, 3, 4, 4, requires_grad=True)
+    padded = torch.cat([x, 100 * torch.randn(3, 3, 4, 4)])
+    expected = norm(x)
+    with masked(masked_norm, torch.tensor([1.0] * 5 + [0.0] * 3)) as statistics:
+        out = masked_norm(padded)
+    torch.testing.assert_close(out[:5], expected, atol=1e-5, rtol=0)
+    (g_expected,) = torch.autograd.grad((expected * torch.arange(5.0).view(-1, 1, 1, 1)).sum(), x)
+    (g_out,) = torch.autograd.grad((out[:5] * torch.arange(5.0).view(-1, 1, 1, 1)).sum(), x)
+    torch.testing.assert_close(g_out, g_expected, atol=1e-5, rtol=0)
+    for key in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(statistics[key], getattr(norm, key), atol=1e-6, rtol=0)
+    assert torch.equal(masked_norm.running_mean, torch.zeros(3))  # reported, not written

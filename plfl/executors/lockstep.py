@@ -9,20 +9,23 @@ depend only on how many are active.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
+from torchvision.models.resnet import BasicBlock, ResNet
 
 from plfl.client import epoch_order
 from plfl.models import BodyHeadModel
 from plfl.state import Params
 
 
-# Layers whose forward is the same in training and evaluation mode and that vmap runs.
-SUPPORTED = (BodyHeadModel, nn.Sequential, nn.Linear, nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Identity)
+# Layers that vmap runs exactly (BatchNorm through MaskedBatchNorm), torchvision's ResNet-18 included.
+SUPPORTED = (BodyHeadModel, nn.Sequential, nn.Linear, nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Identity,
+             nn.BatchNorm1d, nn.BatchNorm2d, nn.AdaptiveAvgPool2d, ResNet, BasicBlock)
 
 
 def unsupported(model: nn.Module, precision: str) -> Optional[str]:
@@ -30,33 +33,99 @@ def unsupported(model: nn.Module, precision: str) -> Optional[str]:
     if precision != "32-true":
         return f"trainer.precision={precision} (it computes in float32 only)"
     for module in model.modules():
-        if isinstance(module, _BatchNorm):
-            return "the model's BatchNorm layers update running statistics"
         if type(module) not in SUPPORTED:
             return f"the model has a {type(module).__name__} layer"
     return None
 
 
+class MaskedBatchNorm(nn.Module):
+    """A BatchNorm layer for the lock-step schedule, with the state (names and values) of the one it replaces.
+
+    In training mode its batch statistics count only the samples where ``mask`` ((W,) 0/1, set by
+    :func:`masked` for each call) is 1, so a padded short batch normalises as the real samples alone would;
+    it computes the running statistics that torch's BatchNorm would write (momentum, or the cumulative average
+    when momentum is None; the unbiased variance) and leaves them in ``update`` instead: under ``vmap`` they
+    can leave the function only as its output. In evaluation mode it uses the running statistics.
+    """
+
+    def __init__(self, norm: _BatchNorm):
+        super().__init__()
+        self.eps, self.momentum = norm.eps, norm.momentum
+        self.weight, self.bias = norm.weight, norm.bias
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            self.register_buffer(name, getattr(norm, name))
+        self.mask: Optional[torch.Tensor] = None
+        self.update: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (W, C) or (W, C, *spatial) → the same shape."""
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        if self.training or self.running_mean is None:
+            mask = x.new_ones(len(x)) if self.mask is None else self.mask
+            m = mask.view(-1, *(1,) * (x.dim() - 1))
+            dims = [d for d in range(x.dim()) if d != 1]
+            count = mask.sum() * (x[0, 0].numel())
+            mean = (x * m).sum(dims) / count
+            var = ((x - mean.view(shape)).pow(2) * m).sum(dims) / count
+            if self.training and self.running_mean is not None:
+                tracked = self.num_batches_tracked + 1
+                rate = 1.0 / tracked if self.momentum is None else self.momentum
+                unbiased = var.detach() * count / (count - 1)
+                self.update = (self.running_mean * (1 - rate) + mean.detach() * rate,
+                               self.running_var * (1 - rate) + unbiased * rate, tracked)
+        else:
+            mean, var = self.running_mean, self.running_var
+        y = (x - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
+        return y if self.weight is None else y * self.weight.view(shape) + self.bias.view(shape)
+
+
+def with_masked_batch_norms(model: nn.Module) -> nn.Module:
+    """``model`` with each BatchNorm layer replaced by a :class:`MaskedBatchNorm` (in place; give a copy)."""
+    for name, module in list(model.named_modules()):
+        for child_name, child in module.named_children():
+            if isinstance(child, _BatchNorm):
+                setattr(module, child_name, MaskedBatchNorm(child))
+    return model
+
+
+@contextmanager
+def masked(model: nn.Module, mask: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
+    """Within the block, ``model``'s MaskedBatchNorm layers count the samples of the (W,) 0/1 ``mask``; yields a
+    dict that, at the block's end, holds the running statistics they computed (by state-dict name)."""
+    norms = [(name, m) for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)]
+    for _, norm in norms:
+        norm.mask = mask
+    statistics: dict[str, torch.Tensor] = {}
+    try:
+        yield statistics
+    finally:
+        for name, norm in norms:
+            if norm.update is not None:
+                for key, value in zip(("running_mean", "running_var", "num_batches_tracked"), norm.update):
+                    statistics[f"{name}.{key}" if name else key] = value
+            norm.mask = norm.update = None
+
+
 def shuffled_rows(n: int, batch_size: int, seed: int, epochs: Optional[int] = None,
-                  steps: Optional[int] = None) -> torch.Tensor:
+                  steps: Optional[int] = None, size: Optional[int] = None) -> torch.Tensor:
     """(S, batch_size) int64: the mini-batches of ``LocalTrainer.train`` on n samples with ``seed``, in order.
 
-    Each local epoch visits :func:`plfl.client.epoch_order` in batches, its last
-    one short (padded with -1); ``steps`` counts batches across epochs, as
-    Lightning's ``max_steps`` does. Without the BatchNorm rule (a model with
-    BatchNorm falls back to the sequential executor).
+    Each local epoch visits the first ``size`` (default n; LocalTrainer's BatchNorm rule may drop one, see
+    :meth:`plfl.client.LocalTrainer.epoch_size`) of :func:`plfl.client.epoch_order` in batches, its last
+    one short (padded with -1); ``steps`` counts batches across epochs, as Lightning's ``max_steps`` does.
     """
-    if n == 0:
+    size = n if size is None else size
+    if size == 0:
         return torch.empty(0, batch_size, dtype=torch.long)
-    pad = (-n) % batch_size
+    pad = (-size) % batch_size
 
     def epoch(k: int) -> torch.Tensor:
-        order = epoch_order(n, seed, k)
+        order = epoch_order(n, seed, k)[:size]
         return torch.cat([order, order.new_full((pad,), -1)]).view(-1, batch_size)
 
     if epochs is not None:
         return torch.cat([epoch(k) for k in range(epochs)])
-    per_epoch = (n + pad) // batch_size
+    per_epoch = (size + pad) // batch_size
     return torch.cat([epoch(k) for k in range(-(-steps // per_epoch))])[:steps]
 
 

@@ -10,14 +10,13 @@ drops out while the others repeat their epochs.
 
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from plfl.executors.lockstep import Split, stack, unstack
+from plfl.executors.lockstep import MaskedBatchNorm, Split, masked, stack, unstack
 from plfl.executors.tasks import LocalAggregationTask
 from plfl.methods.ala import ALAOutcome, head_only, sample_index, settled, top_names, warn_capped
 from plfl.state import Params
@@ -43,12 +42,15 @@ def aggregate_cohort(model: nn.Module, split: Split, tasks: list[LocalAggregatio
     weights = stack([t.weights or {k: torch.ones_like(t.global_params[k]) for k in top} for t in tasks], device)
     fixed = {k.removeprefix(prefix): v for k, v in global_params.items() if k.startswith(prefix) and k not in top}
     index, mask, active = split.schedule([split.offsets[t.client_id] for t in tasks], rows)
-    shared = all(t.global_params is tasks[0].global_params for t in tasks)  # one message to all (FedAvg's)
-    inputs = _inputs(model, global_params, split, index, active, shared) if prefix else None
+    # One message to all (FedAvg's), and no BatchNorm batch statistics that must stay per client.
+    shared = (all(t.global_params is tasks[0].global_params for t in tasks)
+              and not any(isinstance(m, MaskedBatchNorm) for m in model.modules()))
+    inputs = _inputs(model, global_params, split, index, mask, active, shared) if prefix else None
 
     def loss(theta: Params, fixed: Params, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
-        logits = functional_call(net, {**fixed, **{k.removeprefix(prefix): v for k, v in theta.items()}}, (x,),
-                                 strict=True)
+        with masked(model, m):  # BatchNorm: the batch statistics of the real samples; running ones discarded
+            logits = functional_call(net, {**fixed, **{k.removeprefix(prefix): v for k, v in theta.items()}}, (x,),
+                                     strict=True)
         value = (F.cross_entropy(logits, y, reduction="none") * m).sum() / m.sum()
         return value, value.detach()
 
@@ -86,8 +88,8 @@ def aggregate_cohort(model: nn.Module, split: Split, tasks: list[LocalAggregatio
             for p, w, c_losses in zip(unstack(params, len(tasks)), unstack(weights, len(tasks)), losses)]
 
 
-def _inputs(model: nn.Module, global_params: Params, split: Split, index: torch.Tensor, active: list[int],
-            shared: bool) -> list[torch.Tensor]:
+def _inputs(model: nn.Module, global_params: Params, split: Split, index: torch.Tensor, mask: torch.Tensor,
+            active: list[int], shared: bool) -> list[torch.Tensor]:
     """Per step s, the (active[s], W, *feature) features of the clients' batches under their fixed global
     bodies: when ALA aggregates head tensors only, the body is the same in every epoch, so it runs once.
     When every client received the same global model (``shared``), one body call takes all clients' rows."""
@@ -97,5 +99,10 @@ def _inputs(model: nn.Module, global_params: Params, split: Split, index: torch.
             one = {k: v[0] for k, v in body.items()}
             return [functional_call(model.body, one, (split.x[index[s, :a]].flatten(0, 1),), strict=True)
                     .unflatten(0, (a, -1)) for s, a in enumerate(active)]
-        forward = vmap(partial(functional_call, model.body, strict=True))
-        return [forward({k: v[:a] for k, v in body.items()}, (split.x[index[s, :a]],)) for s, a in enumerate(active)]
+
+        def forward(params: Params, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+            with masked(model, m):
+                return functional_call(model.body, params, (x,), strict=True)
+
+        return [vmap(forward)({k: v[:a] for k, v in body.items()}, split.x[index[s, :a]], mask[s, :a])
+                for s, a in enumerate(active)]

@@ -5,7 +5,10 @@ of at most ``cohort_size`` clients: their states are stacked on a leading axis, 
 on its own next mini-batch with ``vmap(grad(loss))`` over ``functional_call`` (torch.func), in exactly the batch
 order ``LocalTrainer`` gives that client alone. The update is ``torch.optim.SGD``'s (v ← m·v + g, v = g at the
 first step; θ ← θ − lr·v) on the trainable parameters; the loss is the batch-mean cross-entropy, padding masked
-out, plus the proximal term. Evaluation stacks the models the same way. Data and states stay on the device; a
+out, plus the proximal term; BatchNorm layers run as :class:`~plfl.executors.lockstep.MaskedBatchNorm` (batch
+statistics of the real samples, each client's running statistics written back into its state). Evaluation stacks
+the models the same way (running statistics), and ALA's weight learning runs in cohorts too
+(:mod:`plfl.executors.stacked_ala`). Data and states stay on the device; a
 cohort synchronises once, at its end. What it cannot run exactly (:func:`plfl.executors.lockstep.unsupported`,
 ``data.augment``) goes to the sequential executor with a one-time ``PlflWarning``.
 """
@@ -25,7 +28,8 @@ from torch.func import functional_call, grad, vmap
 from plfl.client import EVAL_BATCH_SIZE, EvalResult, LocalTrainer, TrainResult
 from plfl.data import FederatedData
 from plfl.errors import PlflError, PlflWarning
-from plfl.executors.lockstep import Split, first_rows, ordered_rows, shuffled_rows, stack, unstack, unsupported
+from plfl.executors.lockstep import (Split, first_rows, masked, ordered_rows, shuffled_rows, stack, unstack, unsupported,
+                                     with_masked_batch_norms)
 from plfl.executors.sequential import SequentialExecutor
 from plfl.executors.stacked_ala import aggregate_cohort, sample_rows
 from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask, checked, raised
@@ -41,8 +45,10 @@ class VectorizedExecutor:
         self.data, self.device, self.cohort_size = data, device, cohort_size
         self.sequential = SequentialExecutor(data, trainer)
         module = trainer.module
+        self.trainer = trainer
         self.batch_size, self.lr, self.momentum = trainer.batch_size, module.lr, module.momentum
-        self.model = copy.deepcopy(module.model).to(device)  # the architecture; states come with the tasks
+        # The architecture (states come with the tasks), its BatchNorm layers masked for padded batches.
+        self.model = with_masked_batch_norms(copy.deepcopy(module.model)).to(device)
         self.eval_reason = unsupported(module.model, precision)
         augment = "data.augment draws random crops and flips" if module.train_transform is not None else None
         self.train_reason = self.eval_reason or augment
@@ -57,12 +63,13 @@ class VectorizedExecutor:
         return self._in_cohorts(
             tasks, lambda t: (t.epochs, t.steps, t.trainable, None if t.proximal is None else t.proximal.mu),
             lambda t: shuffled_rows(self.data.clients[t.client_id].num_train, self.batch_size, t.seed, t.epochs,
-                                    t.steps),
+                                    t.steps, self.trainer.epoch_size(self.data.clients[t.client_id].num_train)),
             self._train_cohort, "local training")
 
     def _train_cohort(self, tasks: list[TrainTask], rows: list[torch.Tensor]) -> list[TrainResult | ClientFailure]:
         first = tasks[0]
         state = stack([t.params for t in tasks], self.device)
+        self.model.train()
         names = [n for n, _ in self.model.named_parameters() if first.trainable is None or n in first.trainable]
         params = {k: state[k] for k in names}
         fixed = {k: v for k, v in state.items() if k not in params}
@@ -74,8 +81,11 @@ class VectorizedExecutor:
         loss_sum = torch.zeros(len(tasks), device=self.device)
         for s, k in enumerate(active):
             x, y = self.train_split.x[index[s, :k]], self.train_split.y[index[s, :k]]
-            grads, losses = step(first_rows(params, k), first_rows(fixed, k), x, y, mask[s, :k], first_rows(anchor, k))
+            grads, (losses, statistics) = step(first_rows(params, k), first_rows(fixed, k), x, y, mask[s, :k],
+                                               first_rows(anchor, k))
             loss_sum[:k] += losses
+            for name, value in statistics.items():  # BatchNorm's running statistics, per client
+                state[name][:k] = value
             for name, g in grads.items():
                 if self.momentum:  # torch.optim.SGD's buffer: the first step's is the gradient (0·m + g)
                     g = velocity[name][:k].mul_(self.momentum).add_(g)
@@ -86,14 +96,16 @@ class VectorizedExecutor:
                 for c, p in enumerate(unstack(state, len(tasks)))]
 
     def _loss(self, params: Params, fixed: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
-              anchor: Optional[Params], mu: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One client's batch-mean cross-entropy (+ μ/2 ‖θ − anchor‖²), and its summed cross-entropy."""
-        logits = functional_call(self.model, {**params, **fixed}, (x,), strict=True)
+              anchor: Optional[Params], mu: Optional[float]) -> tuple[torch.Tensor, tuple[torch.Tensor, Params]]:
+        """One client's batch-mean cross-entropy (+ μ/2 ‖θ − anchor‖²), and (its summed cross-entropy, its
+        BatchNorm layers' new running statistics by state-dict name)."""
+        with masked(self.model, mask) as statistics:
+            logits = functional_call(self.model, {**params, **fixed}, (x,), strict=True)
         summed = (F.cross_entropy(logits, y, reduction="none") * mask).sum()
         loss = summed / mask.sum()
         if anchor is not None:
             loss = loss + mu / 2 * torch.stack([(p - anchor[k]).pow(2).sum() for k, p in params.items()]).sum()
-        return loss, summed.detach()
+        return loss, (summed.detach(), statistics)
 
     def aggregate_locally(self, tasks: list[LocalAggregationTask]) -> list[ALAOutcome | ClientFailure]:
         """ALA's weight learning in cohorts of clients sharing a config (:mod:`plfl.executors.stacked_ala`)."""
@@ -102,8 +114,8 @@ class VectorizedExecutor:
         return self._in_cohorts(
             tasks, lambda t: id(t.config),
             lambda t: sample_rows(self.data.clients[t.client_id].num_train, t, self.batch_size),
-            lambda cohort, rows: [checked(o) for o in aggregate_cohort(self.model, self.train_split, cohort, rows,
-                                                                       self.device)],
+            lambda cohort, rows: [checked(o) for o in aggregate_cohort(self.model.train(), self.train_split, cohort,
+                                                                       rows, self.device)],
             "ALA")
 
     def _in_cohorts(self, tasks: list, key: Callable, rows_of: Callable, run: Callable, work: str) -> list:
@@ -140,6 +152,7 @@ class VectorizedExecutor:
             index, mask, active = split.schedule([spans[i][0] for i in cohort],
                                                  [ordered_rows(spans[i][1], width) for i in cohort])
             state = stack([tasks[i].params for i in cohort], self.device)
+            self.model.eval()  # BatchNorm: running statistics
             forward = vmap(partial(functional_call, self.model, strict=True))
             correct, loss_sum = torch.zeros(2, len(cohort), device=self.device)
             with torch.no_grad():
