@@ -13,7 +13,7 @@ from plfl.config import FederationConfig
 from plfl.errors import ConfigError, PlflWarning
 from plfl.executors import (ClientFailure, EvalTask, LocalAggregationTask, SequentialExecutor, TrainTask,
                             VectorizedExecutor, build_executor)
-from plfl.executors.lockstep import MaskedBatchNorm, masked, shuffled_rows
+from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms, shuffled_rows
 from plfl.data import ClientData, FederatedData
 from plfl.experiment import run_experiment
 from plfl.methods.schemas import ALAConfig
@@ -219,7 +219,7 @@ def test_masked_batch_norm_ignores_padding_and_updates_statistics_as_torch(momen
     x = torch.randn(5, 3, 4, 4, requires_grad=True)
     padded = torch.cat([x, 100 * torch.randn(3, 3, 4, 4)])
     expected = norm(x)
-    with masked(masked_norm, torch.tensor([1.0] * 5 + [0.0] * 3)) as statistics:
+    with masked(masked_batch_norms(masked_norm), torch.tensor([1.0] * 5 + [0.0] * 3)) as statistics:
         out = masked_norm(padded)
     torch.testing.assert_close(out[:5], expected, atol=1e-5, rtol=0)
     (g_expected,) = torch.autograd.grad((expected * torch.arange(5.0).view(-1, 1, 1, 1)).sum(), x)

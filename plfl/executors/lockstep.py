@@ -64,7 +64,7 @@ class MaskedBatchNorm(nn.Module):
             mask = x.new_ones(len(x)) if self.mask is None else self.mask
             m = mask.view(-1, *(1,) * (x.dim() - 1))
             dims = [d for d in range(x.dim()) if d != 1]
-            count = mask.sum() * (x[0, 0].numel())
+            count = mask.sum() * x[0, 0].numel()  # real samples × spatial positions
             mean = (x * m).sum(dims) / count
             var = ((x - mean.view(shape)).pow(2) * m).sum(dims) / count
             if self.training and self.running_mean is not None:
@@ -81,18 +81,23 @@ class MaskedBatchNorm(nn.Module):
 
 def with_masked_batch_norms(model: nn.Module) -> nn.Module:
     """``model`` with each BatchNorm layer replaced by a :class:`MaskedBatchNorm` (in place; give a copy)."""
-    for name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in module.named_children():
             if isinstance(child, _BatchNorm):
                 setattr(module, child_name, MaskedBatchNorm(child))
     return model
 
 
+def masked_batch_norms(model: nn.Module) -> list[tuple[str, MaskedBatchNorm]]:
+    """``model``'s MaskedBatchNorm layers with their names (found once, not at every step)."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)]
+
+
 @contextmanager
-def masked(model: nn.Module, mask: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
-    """Within the block, ``model``'s MaskedBatchNorm layers count the samples of the (W,) 0/1 ``mask``; yields a
-    dict that, at the block's end, holds the running statistics they computed (by state-dict name)."""
-    norms = [(name, m) for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)]
+def masked(norms: list[tuple[str, MaskedBatchNorm]], mask: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
+    """Within the block, the layers ``norms`` (:func:`masked_batch_norms`) count the samples of the (W,) 0/1
+    ``mask``; yields a dict that, at the block's end, holds the running statistics they computed (by state-dict
+    name)."""
     for _, norm in norms:
         norm.mask = mask
     statistics: dict[str, torch.Tensor] = {}

@@ -10,13 +10,12 @@ drops out while the others repeat their epochs.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from plfl.executors.lockstep import MaskedBatchNorm, Split, masked, stack, unstack
+from plfl.executors.lockstep import MaskedBatchNorm, Split, masked, masked_batch_norms, stack, unstack
 from plfl.executors.tasks import LocalAggregationTask
 from plfl.methods.ala import ALAOutcome, head_only, sample_index, settled, top_names, warn_capped
 from plfl.state import Params
@@ -42,13 +41,13 @@ def aggregate_cohort(model: nn.Module, split: Split, tasks: list[LocalAggregatio
     weights = stack([t.weights or {k: torch.ones_like(t.global_params[k]) for k in top} for t in tasks], device)
     fixed = {k.removeprefix(prefix): v for k, v in global_params.items() if k.startswith(prefix) and k not in top}
     index, mask, active = split.schedule([split.offsets[t.client_id] for t in tasks], rows)
+    norms = masked_batch_norms(model)
     # One message to all (FedAvg's), and no BatchNorm batch statistics that must stay per client.
-    shared = (all(t.global_params is tasks[0].global_params for t in tasks)
-              and not any(isinstance(m, MaskedBatchNorm) for m in model.modules()))
-    inputs = _inputs(model, global_params, split, index, mask, active, shared) if prefix else None
+    shared = all(t.global_params is tasks[0].global_params for t in tasks) and not norms
+    inputs = _inputs(model, norms, global_params, split, index, mask, active, shared) if prefix else None
 
     def loss(theta: Params, fixed: Params, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor):
-        with masked(model, m):  # BatchNorm: the batch statistics of the real samples; running ones discarded
+        with masked(norms, m):  # BatchNorm: the batch statistics of the real samples; running ones discarded
             logits = functional_call(net, {**fixed, **{k.removeprefix(prefix): v for k, v in theta.items()}}, (x,),
                                      strict=True)
         value = (F.cross_entropy(logits, y, reduction="none") * m).sum() / m.sum()
@@ -88,8 +87,8 @@ def aggregate_cohort(model: nn.Module, split: Split, tasks: list[LocalAggregatio
             for p, w, c_losses in zip(unstack(params, len(tasks)), unstack(weights, len(tasks)), losses)]
 
 
-def _inputs(model: nn.Module, global_params: Params, split: Split, index: torch.Tensor, mask: torch.Tensor,
-            active: list[int], shared: bool) -> list[torch.Tensor]:
+def _inputs(model: nn.Module, norms: list[tuple[str, MaskedBatchNorm]], global_params: Params, split: Split,
+            index: torch.Tensor, mask: torch.Tensor, active: list[int], shared: bool) -> list[torch.Tensor]:
     """Per step s, the (active[s], W, *feature) features of the clients' batches under their fixed global
     bodies: when ALA aggregates head tensors only, the body is the same in every epoch, so it runs once.
     When every client received the same global model (``shared``), one body call takes all clients' rows."""
@@ -101,7 +100,7 @@ def _inputs(model: nn.Module, global_params: Params, split: Split, index: torch.
                     .unflatten(0, (a, -1)) for s, a in enumerate(active)]
 
         def forward(params: Params, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-            with masked(model, m):
+            with masked(norms, m):
                 return functional_call(model.body, params, (x,), strict=True)
 
         return [vmap(forward)({k: v[:a] for k, v in body.items()}, split.x[index[s, :a]], mask[s, :a])

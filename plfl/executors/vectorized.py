@@ -28,8 +28,8 @@ from torch.func import functional_call, grad, vmap
 from plfl.client import EVAL_BATCH_SIZE, EvalResult, LocalTrainer, TrainResult
 from plfl.data import FederatedData
 from plfl.errors import PlflError, PlflWarning
-from plfl.executors.lockstep import (Split, first_rows, masked, ordered_rows, shuffled_rows, stack, unstack, unsupported,
-                                     with_masked_batch_norms)
+from plfl.executors.lockstep import (Split, first_rows, masked, masked_batch_norms, ordered_rows, shuffled_rows, stack,
+                                     unstack, unsupported, with_masked_batch_norms)
 from plfl.executors.sequential import SequentialExecutor
 from plfl.executors.stacked_ala import aggregate_cohort, sample_rows
 from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask, checked, raised
@@ -49,6 +49,7 @@ class VectorizedExecutor:
         self.batch_size, self.lr, self.momentum = trainer.batch_size, module.lr, module.momentum
         # The architecture (states come with the tasks), its BatchNorm layers masked for padded batches.
         self.model = with_masked_batch_norms(copy.deepcopy(module.model)).to(device)
+        self.norms = masked_batch_norms(self.model)
         self.eval_reason = unsupported(module.model, precision)
         augment = "data.augment draws random crops and flips" if module.train_transform is not None else None
         self.train_reason = self.eval_reason or augment
@@ -99,7 +100,7 @@ class VectorizedExecutor:
               anchor: Optional[Params], mu: Optional[float]) -> tuple[torch.Tensor, tuple[torch.Tensor, Params]]:
         """One client's batch-mean cross-entropy (+ μ/2 ‖θ − anchor‖²), and (its summed cross-entropy, its
         BatchNorm layers' new running statistics by state-dict name)."""
-        with masked(self.model, mask) as statistics:
+        with masked(self.norms, mask) as statistics:
             logits = functional_call(self.model, {**params, **fixed}, (x,), strict=True)
         summed = (F.cross_entropy(logits, y, reduction="none") * mask).sum()
         loss = summed / mask.sum()
