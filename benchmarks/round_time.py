@@ -1,12 +1,15 @@
 """Seconds per round of the sequential and the vectorized executor and of a plain PyTorch loop, in one run.
 
-Usage: python benchmarks/round_time.py [--device cpu|cuda] [--method fedavg|fedala] [--rounds N] [--clients K]
-       [--cohort-size C] [--data ../shared/data/fedala-mnist-dir0.1]
+Usage: python benchmarks/round_time.py [--device cpu|cuda] [--method fedavg|fedala] [--config FILE] [--rounds N]
+       [--clients K] [--cohort-size C] [--no-cuda-graphs] [--kinds plain sequential vectorized] [--data DIR]
+       [key=value ...]
 
-The federation of ``configs/<method>.yaml`` (FedALA's MNIST: 4-layer CNN,
-batch 10, one local epoch) on its first K clients runs N rounds with
-``federation.executor=sequential`` and ``vectorized``, evaluation (and ALA)
-included. The plain loop trains the same clients one after another with
+Run from the repository root. The federation of ``configs/<method>.yaml``
+(FedALA's MNIST: 4-layer CNN, batch 10, one local epoch), or of ``--config``
+with the ``key=value`` overrides (e.g. ``configs/fedala-cifar10.yaml
+model.name=resnet18 data.num_clients=100``), on its first K clients runs N
+rounds with ``federation.executor=sequential`` and ``vectorized``,
+evaluation (and ALA) included. The plain loop trains the same clients one after another with
 ``torch.optim.SGD`` on the same tensors (on the device) in the same batch
 order and averages them: FedAvg's training and aggregation only. Each runs in
 a process of its own, so that its peak memory (``ru_maxrss`` on the CPU,
@@ -50,11 +53,13 @@ KINDS = {"plain": "plain PyTorch loop (FedAvg training only)", "sequential": "pl
 
 def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
     """Rounds 1..N of one kind; returns each round's seconds."""
-    overrides = [f"data.root={args.data}", f"federation.rounds={args.rounds}", f"federation.executor={kind}",
-                 f"trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}"]
-    if kind == "vectorized" and args.cohort_size:
-        overrides.append(f"federation.cohort_size={args.cohort_size}")
-    cfg = load_config(ROOT / "configs" / f"{args.method}.yaml", overrides if kind != "plain" else overrides[:2])
+    overrides = [*args.overrides, f"federation.rounds={args.rounds}", *([f"data.root={args.data}"] if args.data else [])]
+    if kind != "plain":
+        overrides += [f"federation.executor={kind}", f"trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}"]
+    if kind == "vectorized":
+        overrides += [f"federation.cuda_graphs={str(args.cuda_graphs).lower()}",
+                      *([f"federation.cohort_size={args.cohort_size}"] if args.cohort_size else [])]
+    cfg = load_config(args.config or ROOT / "configs" / f"{args.method}.yaml", overrides)
     federation = OmegaConf.to_object(cfg.federation)
     L.seed_everything(federation.seed, verbose=False)
     data = load_federated_data(OmegaConf.to_object(cfg.data), federation.seed)
@@ -109,8 +114,13 @@ def main() -> None:
     parser.add_argument("--method", choices=("fedavg", "fedala"), default="fedavg")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=20, help="the first K clients of the federation")
+    parser.add_argument("--config", type=Path, help="a config file instead of configs/<method>.yaml")
     parser.add_argument("--cohort-size", type=int, default=None, help="federation.cohort_size of vectorized")
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1"))
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="federation.cuda_graphs of vectorized")
+    parser.add_argument("--kinds", nargs="+", choices=tuple(KINDS), default=list(KINDS), help="what to time")
+    parser.add_argument("--data", help="data.root (default: the config's)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every kind")
     parser.add_argument("--only", choices=tuple(KINDS), help=argparse.SUPPRESS)  # one kind, in this process
     args = parser.parse_args()
     if args.only:
@@ -118,20 +128,21 @@ def main() -> None:
         print(json.dumps({"seconds": seconds, "peak_mib": peak_memory_mib(args.device)}))
         return
 
-    print(f"{args.method}, first {args.clients} clients of {args.data}, {args.rounds} round(s), {args.device}, "
-          f"torch threads {torch.get_num_threads()}")
+    print(f"{args.config or args.method} {' '.join(args.overrides)}, first {args.clients} clients, {args.rounds} "
+          f"round(s), {args.device}, torch threads {torch.get_num_threads()}")
     results = {}
-    for kind in KINDS:
+    for kind in args.kinds:
         out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", kind], capture_output=True,
                              text=True, check=True)
         results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     mean = {kind: sum(r["seconds"]) / len(r["seconds"]) for kind, r in results.items()}
+    base = mean.get("sequential")
     print("| what | s/round (rounds 1..N) | / sequential | peak memory (MiB) |")
     print("| --- | --- | --- | --- |")
-    for kind, label in KINDS.items():
+    for kind in args.kinds:
         rounds = ", ".join(f"{s:.2f}" for s in results[kind]["seconds"])
-        print(f"| {label} | {mean[kind]:.2f} ({rounds}) | {mean[kind] / mean['sequential']:.2f} | "
-              f"{results[kind]['peak_mib']:.0f} |")
+        ratio = f"{mean[kind] / base:.2f}" if base else "–"
+        print(f"| {KINDS[kind]} | {mean[kind]:.2f} ({rounds}) | {ratio} | {results[kind]['peak_mib']:.0f} |")
 
 
 if __name__ == "__main__":

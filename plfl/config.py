@@ -184,11 +184,18 @@ class FederationConfig:
     executor: str = one_of("sequential", EXECUTORS)
     # vectorized: the most clients stacked at once (null: all of a call's); memory grows linearly with it.
     cohort_size: Optional[int] = checked(None, lambda v: v is None or v >= 1, "null or an integer >= 1")
+    # vectorized on a CUDA device: each lock-step training step is captured once as a CUDA graph and replayed
+    # (false: launched op by op, e.g. to compare).
+    cuda_graphs: bool = True
     # Keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state
     # instead of RAM, reading a client's when it is used: for many clients (plfl.state).
     state_offload: bool = False
 
     def __post_init__(self) -> None:
+        if not self.cuda_graphs and self.executor != "vectorized":
+            raise ConfigError(f"federation.cuda_graphs=false is read only by federation.executor=vectorized, not by "
+                              f"federation.executor={self.executor}. Remove federation.cuda_graphs or set "
+                              "federation.executor=vectorized.")
         if self.cohort_size is not None and self.executor != "vectorized":
             raise ConfigError(f"federation.cohort_size={self.cohort_size} is read only by federation.executor="
                               f"vectorized, not by federation.executor={self.executor}. Remove federation.cohort_size "

@@ -22,14 +22,18 @@ def error_of(*overrides, path=QUICKSTART) -> str:
 
 @pytest.mark.parametrize("override, message", [
     ("federation.roundz=3", "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
-                            "Valid keys in section 'federation': batch_size, cohort_size, eval_every, executor, "
-                            "join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed, state_offload."),
+                            "Valid keys in section 'federation': batch_size, cohort_size, cuda_graphs, eval_every, "
+                            "executor, join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed, "
+                            "state_offload."),
     ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
     ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
                  "keep_checkpoints, logger, method, model,"),
     ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
     ("federation.executor=spark", "Config key 'federation.executor' must be one of sequential, vectorized, ray; "
                                   "got 'spark'."),
+    ("federation.cuda_graphs=false", "federation.cuda_graphs=false is read only by federation.executor=vectorized, "
+                                     "not by federation.executor=sequential. Remove federation.cuda_graphs or set "
+                                     "federation.executor=vectorized."),
     ("federation.cohort_size=8", "federation.cohort_size=8 is read only by federation.executor=vectorized, not by "
                                  "federation.executor=sequential. Remove federation.cohort_size or set "
                                  "federation.executor=vectorized."),

@@ -1,5 +1,6 @@
 """Executors: the vectorized executor trains and evaluates as the sequential one does, and falls back with a notice."""
 
+import contextlib
 import copy
 import csv
 import warnings
@@ -8,12 +9,13 @@ import pytest
 import torch
 
 from plfl.checkpoint import load_latest_checkpoint
-from plfl.client import ClientModule, LocalTrainer, TrainResult, build_trainer
+from plfl.client import ClientModule, LocalTrainer, ProximalTerm, TrainResult, build_trainer
 from plfl.config import FederationConfig
 from plfl.errors import ConfigError, PlflWarning
 from plfl.executors import (ClientFailure, EvalTask, LocalAggregationTask, SequentialExecutor, TrainTask,
                             VectorizedExecutor, build_executor)
 from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms, shuffled_rows
+from plfl.executors.step_graphs import StepGraphs
 from plfl.data import ClientData, FederatedData
 from plfl.experiment import run_experiment
 from plfl.methods.schemas import ALAConfig
@@ -100,6 +102,82 @@ def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
         assert any("running_var" in key for key in one)
         for key in one:
             torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+
+
+def test_step_graphs_replay_the_step_first_recorded_for_a_key_after_undoing_its_warm_up():
+    counter, seen = torch.zeros(()), []
+    steps = StepGraphs(capture=False, warmup=2)
+    for value in (1.0, 2.0, 3.0):
+        steps("add", lambda v=value: (seen.append(v), counter.add_(v)), lambda: [counter])
+    assert counter.item() == 3.0  # the first step, replayed: the later steps' values never run
+    assert seen == [1.0] * 5  # two warm-up calls (undone) and three replays
+    steps.clear()
+    steps("add", lambda: counter.add_(10.0), lambda: [counter])
+    assert counter.item() == 13.0
+
+
+class FakeStream:
+    def wait_stream(self, other):
+        pass
+
+
+class NoOpGraph:
+    def replay(self):
+        pass
+
+
+def fake_cuda(monkeypatch, graph) -> None:
+    """torch.cuda's stream and graph calls faked (CI has no GPU), ``graph`` in place of ``torch.cuda.graph``."""
+    for name, fake in {"graph_pool_handle": lambda: None, "Stream": FakeStream, "current_stream": FakeStream,
+                       "stream": lambda s: contextlib.nullcontext(), "CUDAGraph": NoOpGraph, "graph": graph}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+
+
+def test_a_step_cuda_cannot_capture_runs_without_graphs_after_one_notice(monkeypatch):
+    def refuse(graph, pool):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    fake_cuda(monkeypatch, refuse)
+    counter = torch.zeros(())
+    steps = StepGraphs(capture=True, warmup=2)
+    with pytest.warns(PlflWarning, match=r"^federation.cuda_graphs: capturing a lock-step step failed \(operation "
+                                         r"not permitted when stream is capturing\); the vectorized executor runs "
+                                         r"its steps without CUDA graphs.$"):
+        steps("add", lambda: counter.add_(1.0), lambda: [counter])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        steps("add", lambda: counter.add_(5.0), lambda: [counter])
+        steps("other", lambda: counter.add_(10.0), lambda: [counter])  # no more capture, no warm-up
+    assert counter.item() == 1.0 + 1.0 + 10.0  # the warm-up undone; "add" replays its first step
+
+
+def test_a_graph_that_replays_wrongly_is_dropped_before_it_trains_anyone(monkeypatch):
+    fake_cuda(monkeypatch, lambda graph, pool: contextlib.nullcontext())  # "captures" a replay that does nothing
+    counter = torch.zeros(())
+    steps = StepGraphs(capture=True, warmup=1)
+    with pytest.warns(PlflWarning, match="a captured step's replay differs from the step run eagerly"):
+        steps("add", lambda: counter.add_(1.0), lambda: [counter])
+    steps("add", lambda: counter.add_(1.0), lambda: [counter])
+    assert counter.item() == 2.0 and not steps.capture
+
+
+def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
+    """A CUDA graph's capture needs warm-up calls of the step first; the tensors they train (BatchNorm statistics,
+    momentum, loss sums) are restored after, so that each client still takes exactly its own steps."""
+    model = build_model("mlp", tiny_federation.input_shape, tiny_federation.num_classes, [16], batch_norm=True)
+    trainer = LocalTrainer(ClientModule(model, tiny_federation.num_classes, lr=0.1, momentum=0.5),
+                           build_trainer("cpu", 1, "32-true"), 5)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    anchor = {k: v + 0.1 for k, v in start.items()}
+    tasks = [TrainTask(i, start, seed=i, epochs=2, proximal=ProximalTerm(anchor, 0.3)) for i in range(4)]
+    results = []
+    for warmup in (0, 3):
+        executor = VectorizedExecutor(tiny_federation, trainer, torch.device("cpu"), 3, "32-true")
+        executor.steps = StepGraphs(capture=False, warmup=warmup)
+        results.append(executor.train(tasks))
+    for once, warmed in zip(*results):
+        assert once.loss == warmed.loss and once.samples_seen == warmed.samples_seen
+        assert all(torch.equal(once.params[k], warmed.params[k]) for k in start)
 
 
 def test_an_unsupported_layer_falls_back_to_sequential_with_one_notice(digits_config):

@@ -37,4 +37,5 @@ def build_executor(federation: FederationConfig, data: FederatedData, trainer: L
     if accelerator not in devices:
         raise ConfigError(f"federation.executor=vectorized runs on trainer.accelerator cpu, gpu, cuda, mps or auto, "
                           f"not {accelerator}. Set federation.executor=sequential.")
-    return VectorizedExecutor(data, trainer, torch.device(devices[accelerator]), federation.cohort_size, precision)
+    return VectorizedExecutor(data, trainer, torch.device(devices[accelerator]), federation.cohort_size, precision,
+                              federation.cuda_graphs)

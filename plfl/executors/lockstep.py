@@ -172,14 +172,58 @@ class Split:
         return index.to(device), mask.to(device), active
 
 
+class CohortState:
+    """Stacked states of up to ``capacity`` clients in tensors that outlive a cohort, so that a step recorded for
+    one cohort (:class:`~plfl.executors.step_graphs.StepGraphs`) serves the next: row c of each tensor is
+    member c's.
+
+    ``state``: name → (capacity, *shape) for every tensor of ``template`` (a client's state dict);
+    ``velocity``: the SGD momentum buffer of each parameter in ``parameters`` (when ``momentum``);
+    ``anchor``: the proximal term's anchor of each parameter (allocated by the first :meth:`load` that has
+    one); ``loss_sum``: (capacity,) float32; ``index``, ``mask``: (capacity, width) the current step's sample
+    indices (int64) and real-sample mask (float32).
+    """
+
+    def __init__(self, template: Params, parameters: list[str], capacity: int, width: int, device: torch.device,
+                 momentum: bool):
+        self.capacity, self.parameters = capacity, parameters
+        self.state = {k: torch.zeros((capacity, *v.shape), dtype=v.dtype, device=device) for k, v in template.items()}
+        self.velocity = {k: torch.zeros_like(self.state[k]) for k in parameters} if momentum else {}
+        self.anchor: Params = {}
+        self.loss_sum = torch.zeros(capacity, device=device)
+        self.index = torch.zeros(capacity, width, dtype=torch.long, device=device)
+        self.mask = torch.zeros(capacity, width, device=device)
+
+    def load(self, states: list[Params], anchors: Optional[list[Params]] = None) -> None:
+        """Rows 0..len(states)-1 ← the clients' states (and proximal anchors); their velocity and loss sums ← 0."""
+        copy_rows(self.state, states)
+        if anchors is not None:
+            self.anchor = self.anchor or {k: torch.zeros_like(self.state[k]) for k in self.parameters}
+            copy_rows(self.anchor, anchors)
+        for buffer in (*self.velocity.values(), self.loss_sum):
+            buffer.zero_()
+
+    def mutated(self, k: int) -> list[torch.Tensor]:
+        """The rows that a training step of the first ``k`` members writes (views; the current step's index and
+        mask are only read)."""
+        return [v[:k] for v in (*self.state.values(), *self.velocity.values(), self.loss_sum)]
+
+
+def copy_rows(stacked: Params, states: list[Params]) -> None:
+    """Rows 0..len(states)-1 of each of ``stacked``'s tensors ← the clients' tensors of that name."""
+    for name, rows in stacked.items():
+        rows[: len(states)].copy_(torch.stack([s[name] for s in states]))
+
+
 def stack(states: list[Params], device: torch.device, keys: Optional[list[str]] = None) -> Params:
     """The clients' tensors of each key (default: all of the first state's) stacked on a new leading axis."""
     return {k: torch.stack([s[k] for s in states]).to(device) for k in keys or states[0]}
 
 
 def unstack(state: Params, count: int) -> list[Params]:
-    """Each client's own copy on the CPU (a view would keep the whole stack alive in the store)."""
-    cpu = {k: v.cpu() for k, v in state.items()}
+    """The first ``count`` rows, each client's own copy on the CPU (a view would keep the whole stack alive in
+    the store)."""
+    cpu = {k: v[:count].cpu() for k, v in state.items()}
     return [{k: v[c].clone() for k, v in cpu.items()} for c in range(count)]
 
 

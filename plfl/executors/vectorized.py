@@ -9,7 +9,10 @@ out, plus the proximal term; BatchNorm layers run as :class:`~plfl.executors.loc
 statistics of the real samples, each client's running statistics written back into its state). Evaluation stacks
 the models the same way (running statistics), and ALA's weight learning runs in cohorts too
 (:mod:`plfl.executors.stacked_ala`). Data and states stay on the device; a
-cohort synchronises once, at its end. What it cannot run exactly (:func:`plfl.executors.lockstep.unsupported`,
+cohort synchronises once, at its end. A training step reads and writes only the stacked state that all cohorts
+share (:class:`~plfl.executors.lockstep.CohortState`), so on a CUDA device each step shape (active clients,
+options) is captured once as a CUDA graph and replayed from then on (:mod:`plfl.executors.step_graphs`,
+``federation.cuda_graphs``). What it cannot run exactly (:func:`plfl.executors.lockstep.unsupported`,
 ``data.augment``) goes to the sequential executor with a one-time ``PlflWarning``.
 """
 from __future__ import annotations
@@ -28,10 +31,11 @@ from torch.func import functional_call, grad, vmap
 from plfl.client import EVAL_BATCH_SIZE, EvalResult, LocalTrainer, TrainResult
 from plfl.data import FederatedData
 from plfl.errors import PlflError, PlflWarning
-from plfl.executors.lockstep import (Split, first_rows, masked, masked_batch_norms, ordered_rows, shuffled_rows, stack,
-                                     unstack, unsupported, with_masked_batch_norms)
+from plfl.executors.lockstep import (CohortState, Split, copy_rows, first_rows, masked, masked_batch_norms,
+                                     ordered_rows, shuffled_rows, unstack, unsupported, with_masked_batch_norms)
 from plfl.executors.sequential import SequentialExecutor
 from plfl.executors.stacked_ala import aggregate_cohort, sample_rows
+from plfl.executors.step_graphs import StepGraphs
 from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask, checked, raised
 from plfl.methods.ala import ALAOutcome
 from plfl.state import Params
@@ -41,7 +45,7 @@ class VectorizedExecutor:
     """Trains and evaluates cohorts of clients in lock-step on ``device`` (see the module docstring)."""
 
     def __init__(self, data: FederatedData, trainer: LocalTrainer, device: torch.device,
-                 cohort_size: Optional[int], precision: str):
+                 cohort_size: Optional[int], precision: str, cuda_graphs: bool = True):
         self.data, self.device, self.cohort_size = data, device, cohort_size
         self.sequential = SequentialExecutor(data, trainer)
         module = trainer.module
@@ -50,6 +54,8 @@ class VectorizedExecutor:
         # The architecture (states come with the tasks), its BatchNorm layers masked for padded batches.
         self.model = with_masked_batch_norms(copy.deepcopy(module.model)).to(device)
         self.norms = masked_batch_norms(self.model)
+        self.cohort: Optional[CohortState] = None  # grown to the largest cohort (_cohort_state)
+        self.steps = StepGraphs(capture=cuda_graphs and device.type == "cuda")
         self.eval_reason = unsupported(module.model, precision)
         augment = "data.augment draws random crops and flips" if module.train_transform is not None else None
         self.train_reason = self.eval_reason or augment
@@ -69,32 +75,40 @@ class VectorizedExecutor:
 
     def _train_cohort(self, tasks: list[TrainTask], rows: list[torch.Tensor]) -> list[TrainResult | ClientFailure]:
         first = tasks[0]
-        state = stack([t.params for t in tasks], self.device)
+        cohort = self._cohort_state(len(tasks))
+        cohort.load([t.params for t in tasks], None if first.proximal is None else [t.proximal.anchor for t in tasks])
         self.model.train()
-        names = [n for n, _ in self.model.named_parameters() if first.trainable is None or n in first.trainable]
-        params = {k: state[k] for k in names}
-        fixed = {k: v for k, v in state.items() if k not in params}
-        anchor = None if first.proximal is None else stack([t.proximal.anchor for t in tasks], self.device, names)
+        names = [n for n in cohort.parameters if first.trainable is None or n in first.trainable]
         mu = None if first.proximal is None else first.proximal.mu
-        step = vmap(grad(partial(self._loss, mu=mu), has_aux=True), in_dims=(0, 0, 0, 0, 0, None if mu is None else 0))
         index, mask, active = self.train_split.schedule([self.train_split.offsets[t.client_id] for t in tasks], rows)
-        velocity = {k: torch.zeros_like(v) for k, v in params.items()} if self.momentum else {}
-        loss_sum = torch.zeros(len(tasks), device=self.device)
         for s, k in enumerate(active):
-            x, y = self.train_split.x[index[s, :k]], self.train_split.y[index[s, :k]]
-            grads, (losses, statistics) = step(first_rows(params, k), first_rows(fixed, k), x, y, mask[s, :k],
-                                               first_rows(anchor, k))
-            loss_sum[:k] += losses
-            for name, value in statistics.items():  # BatchNorm's running statistics, per client
-                state[name][:k] = value
-            for name, g in grads.items():
-                if self.momentum:  # torch.optim.SGD's buffer: the first step's is the gradient (0·m + g)
-                    g = velocity[name][:k].mul_(self.momentum).add_(g)
-                params[name][:k].add_(g, alpha=-self.lr)
+            cohort.index[:k].copy_(index[s, :k])
+            cohort.mask[:k].copy_(mask[s, :k])
+            self.steps(("train", first.trainable, mu, k), partial(self._train_step, cohort, names, mu, k),
+                       partial(cohort.mutated, k))
         samples = [int((r >= 0).sum()) for r in rows]
-        losses = loss_sum.cpu().tolist()  # the cohort's one synchronisation
+        losses = cohort.loss_sum[:len(tasks)].cpu().tolist()  # the cohort's one synchronisation
         return [checked(TrainResult(p, losses[c] / samples[c] if samples[c] else math.nan, samples[c]))
-                for c, p in enumerate(unstack(state, len(tasks)))]
+                for c, p in enumerate(unstack(cohort.state, len(tasks)))]
+
+    def _train_step(self, cohort: CohortState, names: list[str], mu: Optional[float], k: int) -> None:
+        """One SGD step of the cohort's first ``k`` members on their batches in ``cohort.index``, reading and
+        writing only ``cohort``'s tensors (so that it can be replayed, :mod:`plfl.executors.step_graphs`)."""
+        state = first_rows(cohort.state, k)
+        params = {n: state[n] for n in names}
+        fixed = {n: v for n, v in state.items() if n not in params}
+        anchor = {n: cohort.anchor[n][:k] for n in names} if mu is not None else None
+        index, mask = cohort.index[:k], cohort.mask[:k]
+        step = vmap(grad(partial(self._loss, mu=mu), has_aux=True), in_dims=(0, 0, 0, 0, 0, None if mu is None else 0))
+        grads, (losses, statistics) = step(params, fixed, self.train_split.x[index], self.train_split.y[index], mask,
+                                           anchor)
+        cohort.loss_sum[:k] += losses
+        for name, value in statistics.items():  # BatchNorm's running statistics, per client
+            state[name].copy_(value)
+        for name, g in grads.items():
+            if self.momentum:  # torch.optim.SGD's buffer: the first step's is the gradient (0·m + g)
+                g = cohort.velocity[name][:k].mul_(self.momentum).add_(g)
+            params[name].add_(g, alpha=-self.lr)
 
     def _loss(self, params: Params, fixed: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor,
               anchor: Optional[Params], mu: Optional[float]) -> tuple[torch.Tensor, tuple[torch.Tensor, Params]]:
@@ -152,7 +166,8 @@ class VectorizedExecutor:
             width = max(1, EVAL_BATCH_SIZE // len(cohort))
             index, mask, active = split.schedule([spans[i][0] for i in cohort],
                                                  [ordered_rows(spans[i][1], width) for i in cohort])
-            state = stack([tasks[i].params for i in cohort], self.device)
+            state = self._cohort_state(len(cohort)).state
+            copy_rows(state, [tasks[i].params for i in cohort])
             self.model.eval()  # BatchNorm: running statistics
             forward = vmap(partial(functional_call, self.model, strict=True))
             correct, loss_sum = torch.zeros(2, len(cohort), device=self.device)
@@ -177,6 +192,16 @@ class VectorizedExecutor:
     @cached_property
     def test_split(self) -> Split:
         return Split.of([(c.x_test, c.y_test) for c in self.data.clients], self.device)
+
+    def _cohort_state(self, size: int) -> CohortState:
+        """The stacked state that cohorts share, replaced by a larger one (and the recorded steps, which read
+        the old one, forgotten) when ``size`` clients do not fit."""
+        if self.cohort is None or self.cohort.capacity < size:
+            self.steps.clear()
+            self.cohort = None  # the old tensors go before the new ones come
+            self.cohort = CohortState(self.model.state_dict(), [n for n, _ in self.model.named_parameters()], size,
+                                      self.batch_size, self.device, bool(self.momentum))
+        return self.cohort
 
     def _cohorts(self, order: list[int]) -> list[list[int]]:
         size = self.cohort_size or max(len(order), 1)
