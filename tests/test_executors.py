@@ -163,21 +163,30 @@ def test_a_graph_that_replays_wrongly_is_dropped_before_it_trains_anyone(monkeyp
 
 def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
     """A CUDA graph's capture needs warm-up calls of the step first; the tensors they train (BatchNorm statistics,
-    momentum, loss sums) are restored after, so that each client still takes exactly its own steps."""
+    momentum, loss sums; ALA's weights and losses) are restored after, so that each client still takes exactly
+    its own steps."""
     model = build_model("mlp", tiny_federation.input_shape, tiny_federation.num_classes, [16], batch_norm=True)
     trainer = LocalTrainer(ClientModule(model, tiny_federation.num_classes, lr=0.1, momentum=0.5),
                            build_trainer("cpu", 1, "32-true"), 5)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     anchor = {k: v + 0.1 for k, v in start.items()}
     tasks = [TrainTask(i, start, seed=i, epochs=2, proximal=ProximalTerm(anchor, 0.3)) for i in range(4)]
+    ala = [LocalAggregationTask(i, anchor, start, None, seed=i, config=ALAConfig(s=80, p=2, max_init_epochs=4))
+           for i in range(4)]
     results = []
     for warmup in (0, 3):
         executor = VectorizedExecutor(tiny_federation, trainer, torch.device("cpu"), 3, "32-true")
-        executor.steps = StepGraphs(capture=False, warmup=warmup)
-        results.append(executor.train(tasks))
-    for once, warmed in zip(*results):
+        executor.steps = executor.ala.steps = StepGraphs(capture=False, warmup=warmup)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="ALA's initial stage")  # capped at 4 epochs
+            results.append((executor.train(tasks), executor.aggregate_locally(ala)))
+    (trained, aggregated), (trained_warm, aggregated_warm) = results
+    for once, warmed in zip(trained, trained_warm):
         assert once.loss == warmed.loss and once.samples_seen == warmed.samples_seen
         assert all(torch.equal(once.params[k], warmed.params[k]) for k in start)
+    for once, warmed in zip(aggregated, aggregated_warm):
+        assert once.epochs == warmed.epochs
+        assert all(torch.equal(once.weights[k], warmed.weights[k]) for k in once.weights)
 
 
 def test_an_unsupported_layer_falls_back_to_sequential_with_one_notice(digits_config):

@@ -34,7 +34,7 @@ from plfl.errors import PlflError, PlflWarning
 from plfl.executors.lockstep import (CohortState, Split, copy_rows, first_rows, masked, masked_batch_norms,
                                      ordered_rows, shuffled_rows, unstack, unsupported, with_masked_batch_norms)
 from plfl.executors.sequential import SequentialExecutor
-from plfl.executors.stacked_ala import aggregate_cohort, sample_rows
+from plfl.executors.stacked_ala import StackedALA, sample_rows
 from plfl.executors.step_graphs import StepGraphs
 from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask, checked, raised
 from plfl.methods.ala import ALAOutcome
@@ -56,6 +56,7 @@ class VectorizedExecutor:
         self.norms = masked_batch_norms(self.model)
         self.cohort: Optional[CohortState] = None  # grown to the largest cohort (_cohort_state)
         self.steps = StepGraphs(capture=cuda_graphs and device.type == "cuda")
+        self.ala = StackedALA(self.model, device, self.steps)
         self.eval_reason = unsupported(module.model, precision)
         augment = "data.augment draws random crops and flips" if module.train_transform is not None else None
         self.train_reason = self.eval_reason or augment
@@ -129,8 +130,7 @@ class VectorizedExecutor:
         return self._in_cohorts(
             tasks, lambda t: id(t.config),
             lambda t: sample_rows(self.data.clients[t.client_id].num_train, t, self.batch_size),
-            lambda cohort, rows: [checked(o) for o in aggregate_cohort(self.model.train(), self.train_split, cohort,
-                                                                       rows, self.device)],
+            lambda cohort, rows: [checked(o) for o in self.ala(self.train_split, cohort, rows)],
             "ALA")
 
     def _in_cohorts(self, tasks: list, key: Callable, rows_of: Callable, run: Callable, work: str) -> list:
