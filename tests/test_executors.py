@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.client import ClientModule, LocalTrainer, ProximalTerm, TrainResult, build_trainer
@@ -187,6 +188,58 @@ def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
     for once, warmed in zip(aggregated, aggregated_warm):
         assert once.epochs == warmed.epochs
         assert all(torch.equal(once.weights[k], warmed.weights[k]) for k in once.weights)
+
+
+# Ops that read a tensor's value on the host (item, bool, nonzero's size, ...): on a GPU each waits for the
+# device, which CUDA forbids while it captures a graph.
+SYNCHRONISING = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.is_nonzero", "aten.equal",
+                 "aten._unique2", "aten.unique_consecutive", "aten.unique_dim", "aten.repeat_interleave"}
+
+
+class RecordOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def tiny_images() -> FederatedData:
+    """3 clients of 7, 12 and 5 random 1×28×28 images, 3 classes."""
+    g = torch.Generator().manual_seed(0)
+    return FederatedData("images", [ClientData(torch.randn(n, 1, 28, 28, generator=g),
+                                               torch.randint(0, 3, (n,), generator=g),
+                                               torch.randn(4, 1, 28, 28, generator=g),
+                                               torch.randint(0, 3, (4,), generator=g)) for n in (7, 12, 5)],
+                         num_classes=3, input_shape=(1, 28, 28))
+
+
+@pytest.mark.parametrize("p", [2, 3], ids=["ala-head-only", "ala-with-body"])
+def test_training_and_ala_steps_never_read_a_tensor_on_the_host(tiny_images, p):
+    """What a CUDA graph can capture: the recorded steps (BatchNorm CNN, momentum, proximal term; ALA) dispatch
+    no op that synchronises the device with the host."""
+    model = build_model("cnn", tiny_images.input_shape, tiny_images.num_classes, batch_norm=True)
+    trainer = LocalTrainer(ClientModule(model, tiny_images.num_classes, lr=0.1, momentum=0.5),
+                           build_trainer("cpu", 1, "32-true"), 5)
+    executor = VectorizedExecutor(tiny_images, trainer, torch.device("cpu"), None, "32-true")
+    recorder = RecordOps()
+
+    def recorded(step):
+        def run(*args):
+            with recorder:
+                step(*args)
+        return run
+
+    executor._train_step, executor.ala._step = recorded(executor._train_step), recorded(executor.ala._step)
+    start = model.state_dict()
+    executor.train([TrainTask(i, start, seed=i, epochs=1, proximal=ProximalTerm(start, 0.1)) for i in range(3)])
+    executor.aggregate_locally([LocalAggregationTask(i, start, start, None, seed=i, config=ALAConfig(p=p))
+                                for i in range(3)])
+    assert {"aten.convolution_backward", "aten.max_pool2d_with_indices"} <= recorder.ops  # it saw the steps
+    assert not recorder.ops & SYNCHRONISING
 
 
 def test_an_unsupported_layer_falls_back_to_sequential_with_one_notice(digits_config):
