@@ -164,8 +164,8 @@ def test_a_graph_that_replays_wrongly_is_dropped_before_it_trains_anyone(monkeyp
 
 def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
     """A CUDA graph's capture needs warm-up calls of the step first; the tensors they train (BatchNorm statistics,
-    momentum, loss sums; ALA's weights and losses) are restored after, so that each client still takes exactly
-    its own steps."""
+    momentum, loss sums; ALA's weights and losses) or count into (evaluation) are restored after, so that each
+    client still takes exactly its own steps."""
     model = build_model("mlp", tiny_federation.input_shape, tiny_federation.num_classes, [16], batch_norm=True)
     trainer = LocalTrainer(ClientModule(model, tiny_federation.num_classes, lr=0.1, momentum=0.5),
                            build_trainer("cpu", 1, "32-true"), 5)
@@ -180,8 +180,10 @@ def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
         executor.steps = executor.ala.steps = StepGraphs(capture=False, warmup=warmup)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="ALA's initial stage")  # capped at 4 epochs
-            results.append((executor.train(tasks), executor.aggregate_locally(ala)))
-    (trained, aggregated), (trained_warm, aggregated_warm) = results
+            results.append((executor.train(tasks), executor.aggregate_locally(ala),
+                            executor.evaluate([EvalTask(i, anchor) for i in range(4)] + [EvalTask(None, anchor)])))
+    (trained, aggregated, evaluated), (trained_warm, aggregated_warm, evaluated_warm) = results
+    assert evaluated == evaluated_warm
     for once, warmed in zip(trained, trained_warm):
         assert once.loss == warmed.loss and once.samples_seen == warmed.samples_seen
         assert all(torch.equal(once.params[k], warmed.params[k]) for k in start)
@@ -233,12 +235,14 @@ def test_training_and_ala_steps_never_read_a_tensor_on_the_host(tiny_images, p):
                 step(*args)
         return run
 
-    executor._train_step, executor.ala._step = recorded(executor._train_step), recorded(executor.ala._step)
+    for owner, name in ((executor, "_train_step"), (executor.ala, "_step"), (executor, "_evaluation_step")):
+        setattr(owner, name, recorded(getattr(owner, name)))
     start = model.state_dict()
     executor.train([TrainTask(i, start, seed=i, epochs=1, proximal=ProximalTerm(start, 0.1)) for i in range(3)])
     executor.aggregate_locally([LocalAggregationTask(i, start, start, None, seed=i, config=ALAConfig(p=p))
                                 for i in range(3)])
-    assert {"aten.convolution_backward", "aten.max_pool2d_with_indices"} <= recorder.ops  # it saw the steps
+    executor.evaluate([EvalTask(i, start) for i in range(3)] + [EvalTask(None, start)])
+    assert {"aten.convolution_backward", "aten.max_pool2d_with_indices", "aten.argmax"} <= recorder.ops
     assert not recorder.ops & SYNCHRONISING
 
 

@@ -180,33 +180,43 @@ class CohortState:
     ``state``: name → (capacity, *shape) for every tensor of ``template`` (a client's state dict);
     ``velocity``: the SGD momentum buffer of each parameter in ``parameters`` (when ``momentum``);
     ``anchor``: the proximal term's anchor of each parameter (allocated by the first :meth:`load` that has
-    one); ``loss_sum``: (capacity,) float32; ``index``, ``mask``: (capacity, width) the current step's sample
-    indices (int64) and real-sample mask (float32).
+    one); ``loss_sum``: (capacity,) float32 summed losses; ``correct``: (capacity,) float32 correct
+    predictions (evaluation); :meth:`batch`: the current step's samples.
     """
 
-    def __init__(self, template: Params, parameters: list[str], capacity: int, width: int, device: torch.device,
+    def __init__(self, template: Params, parameters: list[str], capacity: int, device: torch.device,
                  momentum: bool):
-        self.capacity, self.parameters = capacity, parameters
+        self.capacity, self.parameters, self.device = capacity, parameters, device
         self.state = {k: torch.zeros((capacity, *v.shape), dtype=v.dtype, device=device) for k, v in template.items()}
         self.velocity = {k: torch.zeros_like(self.state[k]) for k in parameters} if momentum else {}
         self.anchor: Params = {}
-        self.loss_sum = torch.zeros(capacity, device=device)
-        self.index = torch.zeros(capacity, width, dtype=torch.long, device=device)
-        self.mask = torch.zeros(capacity, width, device=device)
+        self.loss_sum, self.correct = torch.zeros(2, capacity, device=device)
+        self.batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def load(self, states: list[Params], anchors: Optional[list[Params]] = None) -> None:
-        """Rows 0..len(states)-1 ← the clients' states (and proximal anchors); their velocity and loss sums ← 0."""
+        """Rows 0..len(states)-1 ← the clients' states (and proximal anchors); velocity, losses and counts ← 0."""
         copy_rows(self.state, states)
         if anchors is not None:
             self.anchor = self.anchor or {k: torch.zeros_like(self.state[k]) for k in self.parameters}
             copy_rows(self.anchor, anchors)
-        for buffer in (*self.velocity.values(), self.loss_sum):
+        for buffer in (*self.velocity.values(), self.loss_sum, self.correct):
             buffer.zero_()
 
+    def batch(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current step's (capacity, width) sample indices (int64) and real-sample mask (float32): one pair
+        per batch width, so that training and evaluation batches each keep theirs."""
+        if width not in self.batches:
+            self.batches[width] = (torch.zeros(self.capacity, width, dtype=torch.long, device=self.device),
+                                   torch.zeros(self.capacity, width, device=self.device))
+        return self.batches[width]
+
     def mutated(self, k: int) -> list[torch.Tensor]:
-        """The rows that a training step of the first ``k`` members writes (views; the current step's index and
-        mask are only read)."""
+        """The rows that a training step of the first ``k`` members writes (views)."""
         return [v[:k] for v in (*self.state.values(), *self.velocity.values(), self.loss_sum)]
+
+    def counted(self, k: int) -> list[torch.Tensor]:
+        """The rows that an evaluation step of the first ``k`` members writes (views)."""
+        return [self.correct[:k], self.loss_sum[:k]]
 
 
 def copy_rows(stacked: Params, states: list[Params]) -> None:

@@ -9,10 +9,10 @@ out, plus the proximal term; BatchNorm layers run as :class:`~plfl.executors.loc
 statistics of the real samples, each client's running statistics written back into its state). Evaluation stacks
 the models the same way (running statistics), and ALA's weight learning runs in cohorts too
 (:mod:`plfl.executors.stacked_ala`). Data and states stay on the device; a
-cohort synchronises once, at its end. A training step reads and writes only the stacked state that all cohorts
-share (:class:`~plfl.executors.lockstep.CohortState`), so on a CUDA device each step shape (active clients,
-options) is captured once as a CUDA graph and replayed from then on (:mod:`plfl.executors.step_graphs`,
-``federation.cuda_graphs``). What it cannot run exactly (:func:`plfl.executors.lockstep.unsupported`,
+cohort synchronises once, at its end. A training or evaluation step reads and writes only the stacked state that
+all cohorts share (:class:`~plfl.executors.lockstep.CohortState`), so on a CUDA device each step shape (active
+clients, batch width, options) is captured once as a CUDA graph and replayed from then on
+(:mod:`plfl.executors.step_graphs`, ``federation.cuda_graphs``). What it cannot run exactly (:func:`plfl.executors.lockstep.unsupported`,
 ``data.augment``) goes to the sequential executor with a one-time ``PlflWarning``.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from torch.func import functional_call, grad, vmap
 from plfl.client import EVAL_BATCH_SIZE, EvalResult, LocalTrainer, TrainResult
 from plfl.data import FederatedData
 from plfl.errors import PlflError, PlflWarning
-from plfl.executors.lockstep import (CohortState, Split, copy_rows, first_rows, masked, masked_batch_norms,
+from plfl.executors.lockstep import (CohortState, Split, first_rows, masked, masked_batch_norms,
                                      ordered_rows, shuffled_rows, unstack, unsupported, with_masked_batch_norms)
 from plfl.executors.sequential import SequentialExecutor
 from plfl.executors.stacked_ala import StackedALA, sample_rows
@@ -81,25 +81,35 @@ class VectorizedExecutor:
         self.model.train()
         names = [n for n in cohort.parameters if first.trainable is None or n in first.trainable]
         mu = None if first.proximal is None else first.proximal.mu
-        index, mask, active = self.train_split.schedule([self.train_split.offsets[t.client_id] for t in tasks], rows)
-        for s, k in enumerate(active):
-            cohort.index[:k].copy_(index[s, :k])
-            cohort.mask[:k].copy_(mask[s, :k])
-            self.steps(("train", first.trainable, mu, k), partial(self._train_step, cohort, names, mu, k),
-                       partial(cohort.mutated, k))
+        step = partial(self._train_step, cohort, names, mu)
+        self._run_steps(cohort, self.train_split, [self.train_split.offsets[t.client_id] for t in tasks], rows,
+                        ("train", first.trainable, mu), step, cohort.mutated)
         samples = [int((r >= 0).sum()) for r in rows]
         losses = cohort.loss_sum[:len(tasks)].cpu().tolist()  # the cohort's one synchronisation
         return [checked(TrainResult(p, losses[c] / samples[c] if samples[c] else math.nan, samples[c]))
                 for c, p in enumerate(unstack(cohort.state, len(tasks)))]
 
+    def _run_steps(self, cohort: CohortState, split: Split, offsets: list[int], rows: list[torch.Tensor],
+                   key: tuple, step: Callable[[int], None], mutated: Callable[[int], list[torch.Tensor]]) -> None:
+        """The lock-step schedule of ``rows`` (members' (S_c, W) sample rows of ``split``, from ``offsets``):
+        each step's samples into ``cohort.batch(W)``, then ``step(k)`` for the k active members, recorded once
+        per ``(*key, W, k)`` (:mod:`plfl.executors.step_graphs`)."""
+        index, mask, active = split.schedule(offsets, rows)
+        width = index.shape[-1]
+        batch_index, batch_mask = cohort.batch(width)
+        for s, k in enumerate(active):
+            batch_index[:k].copy_(index[s, :k])
+            batch_mask[:k].copy_(mask[s, :k])
+            self.steps((*key, width, k), partial(step, k), partial(mutated, k))
+
     def _train_step(self, cohort: CohortState, names: list[str], mu: Optional[float], k: int) -> None:
-        """One SGD step of the cohort's first ``k`` members on their batches in ``cohort.index``, reading and
+        """One SGD step of the cohort's first ``k`` members on their batches in ``cohort.batch``, reading and
         writing only ``cohort``'s tensors (so that it can be replayed, :mod:`plfl.executors.step_graphs`)."""
         state = first_rows(cohort.state, k)
         params = {n: state[n] for n in names}
         fixed = {n: v for n, v in state.items() if n not in params}
         anchor = {n: cohort.anchor[n][:k] for n in names} if mu is not None else None
-        index, mask = cohort.index[:k], cohort.mask[:k]
+        index, mask = (t[:k] for t in cohort.batch(self.batch_size))
         step = vmap(grad(partial(self._loss, mu=mu), has_aux=True), in_dims=(0, 0, 0, 0, 0, None if mu is None else 0))
         grads, (losses, statistics) = step(params, fixed, self.train_split.x[index], self.train_split.y[index], mask,
                                            anchor)
@@ -162,25 +172,31 @@ class VectorizedExecutor:
                  for t in tasks]
         clients = sorted((i for i, t in enumerate(tasks) if t.client_id is not None), key=lambda i: -spans[i][1])
         results: list = [None] * len(tasks)
-        for cohort in [*self._cohorts(clients), *([i] for i, t in enumerate(tasks) if t.client_id is None)]:
-            width = max(1, EVAL_BATCH_SIZE // len(cohort))
-            index, mask, active = split.schedule([spans[i][0] for i in cohort],
-                                                 [ordered_rows(spans[i][1], width) for i in cohort])
-            state = self._cohort_state(len(cohort)).state
-            copy_rows(state, [tasks[i].params for i in cohort])
+        for members in [*self._cohorts(clients), *([i] for i, t in enumerate(tasks) if t.client_id is None)]:
+            width = max(1, EVAL_BATCH_SIZE // len(members))
+            cohort = self._cohort_state(len(members))
+            cohort.load([tasks[i].params for i in members])
             self.model.eval()  # BatchNorm: running statistics
-            forward = vmap(partial(functional_call, self.model, strict=True))
-            correct, loss_sum = torch.zeros(2, len(cohort), device=self.device)
-            with torch.no_grad():
-                for s, k in enumerate(active):
-                    logits = forward(first_rows(state, k), (split.x[index[s, :k]],))
-                    y, m = split.y[index[s, :k]], mask[s, :k]
-                    correct[:k] += ((logits.argmax(-1) == y) * m).sum(1)
-                    loss_sum[:k] += (F.cross_entropy(logits.transpose(1, 2), y, reduction="none") * m).sum(1)
-            for i, c, loss in zip(cohort, correct.cpu().tolist(), loss_sum.cpu().tolist()):
+            self._run_steps(cohort, split, [spans[i][0] for i in members],
+                            [ordered_rows(spans[i][1], width) for i in members], ("evaluate",),
+                            partial(self._evaluation_step, cohort, width), cohort.counted)
+            correct, losses = (t[:len(members)].cpu().tolist() for t in (cohort.correct, cohort.loss_sum))
+            for i, c, loss in zip(members, correct, losses):
                 n = spans[i][1]
                 results[i] = EvalResult(int(c), n, loss / n if n else math.nan)
         return results
+
+    def _evaluation_step(self, cohort: CohortState, width: int, k: int) -> None:
+        """The correct predictions and summed cross-entropy of the cohort's first ``k`` members on their batches
+        in ``cohort.batch(width)``, added to ``cohort.correct`` and ``cohort.loss_sum``."""
+        index, mask = (t[:k] for t in cohort.batch(width))
+        split = self.test_split
+        with torch.no_grad():
+            logits = vmap(partial(functional_call, self.model, strict=True))(first_rows(cohort.state, k),
+                                                                             (split.x[index],))
+            y = split.y[index]
+            cohort.correct[:k] += ((logits.argmax(-1) == y) * mask).sum(1)
+            cohort.loss_sum[:k] += (F.cross_entropy(logits.transpose(1, 2), y, reduction="none") * mask).sum(1)
 
     def close(self) -> None:
         """Nothing to release: the device's memory goes with the executor."""
@@ -200,7 +216,7 @@ class VectorizedExecutor:
             self.steps.clear()
             self.cohort = None  # the old tensors go before the new ones come
             self.cohort = CohortState(self.model.state_dict(), [n for n, _ in self.model.named_parameters()], size,
-                                      self.batch_size, self.device, bool(self.momentum))
+                                      self.device, bool(self.momentum))
         return self.cohort
 
     def _cohorts(self, order: list[int]) -> list[list[int]]:
