@@ -9,8 +9,8 @@ Run from the repository root. The federation of ``configs/<method>.yaml``
 with the ``key=value`` overrides (e.g. ``configs/fedala-cifar10.yaml
 model.name=resnet18 data.num_clients=100``), on its first K clients runs N
 rounds with ``federation.executor=sequential`` and ``vectorized``,
-evaluation (and ALA) included. The plain loop trains the same clients one after another with
-``torch.optim.SGD`` on the same tensors (on the device) in the same batch
+evaluation (and ALA) included. The plain loop trains the same clients one
+after another with ``torch.optim.SGD`` on the same tensors (on the device) in the same batch
 order and averages them: FedAvg's training and aggregation only. Each runs in
 a process of its own, so that its peak memory (``ru_maxrss`` on the CPU,
 ``torch.cuda.max_memory_allocated`` on CUDA) is its own. Seconds per round:
@@ -53,7 +53,9 @@ KINDS = {"plain": "plain PyTorch loop (FedAvg training only)", "sequential": "pl
 
 def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
     """Rounds 1..N of one kind; returns each round's seconds."""
-    overrides = [*args.overrides, f"federation.rounds={args.rounds}", *([f"data.root={args.data}"] if args.data else [])]
+    overrides = [*args.overrides, f"federation.rounds={args.rounds}"]
+    if args.data:
+        overrides.append(f"data.root={args.data}")
     if kind != "plain":
         overrides += [f"federation.executor={kind}", f"trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}"]
     if kind == "vectorized":

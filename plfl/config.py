@@ -184,8 +184,8 @@ class FederationConfig:
     executor: str = one_of("sequential", EXECUTORS)
     # vectorized: the most clients stacked at once (null: all of a call's); memory grows linearly with it.
     cohort_size: Optional[int] = checked(None, lambda v: v is None or v >= 1, "null or an integer >= 1")
-    # vectorized on a CUDA device: each lock-step training step is captured once as a CUDA graph and replayed
-    # (false: launched op by op, e.g. to compare).
+    # vectorized on a CUDA device: each lock-step step (training, ALA, evaluation) is captured once per shape as a
+    # CUDA graph and replayed (false: launched op by op, e.g. to compare).
     cuda_graphs: bool = True
     # Keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state
     # instead of RAM, reading a client's when it is used: for many clients (plfl.state).

@@ -220,9 +220,9 @@ def tiny_images() -> FederatedData:
 
 
 @pytest.mark.parametrize("p", [2, 3], ids=["ala-head-only", "ala-with-body"])
-def test_training_and_ala_steps_never_read_a_tensor_on_the_host(tiny_images, p):
-    """What a CUDA graph can capture: the recorded steps (BatchNorm CNN, momentum, proximal term; ALA) dispatch
-    no op that synchronises the device with the host."""
+def test_training_ala_and_evaluation_steps_never_read_a_tensor_on_the_host(tiny_images, p):
+    """What a CUDA graph can capture: the recorded steps (training a BatchNorm CNN with momentum and a proximal
+    term, ALA, evaluation) dispatch no op that synchronises the device with the host."""
     model = build_model("cnn", tiny_images.input_shape, tiny_images.num_classes, batch_norm=True)
     trainer = LocalTrainer(ClientModule(model, tiny_images.num_classes, lr=0.1, momentum=0.5),
                            build_trainer("cpu", 1, "32-true"), 5)

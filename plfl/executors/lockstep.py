@@ -187,7 +187,7 @@ class CohortState:
     def __init__(self, template: Params, parameters: list[str], capacity: int, device: torch.device,
                  momentum: bool):
         self.capacity, self.parameters, self.device = capacity, parameters, device
-        self.state = {k: torch.zeros((capacity, *v.shape), dtype=v.dtype, device=device) for k, v in template.items()}
+        self.state = zero_rows(template, capacity, device)
         self.velocity = {k: torch.zeros_like(self.state[k]) for k in parameters} if momentum else {}
         self.anchor: Params = {}
         self.loss_sum, self.correct = torch.zeros(2, capacity, device=device)
@@ -217,6 +217,11 @@ class CohortState:
     def counted(self, k: int) -> list[torch.Tensor]:
         """The rows that an evaluation step of the first ``k`` members writes (views)."""
         return [self.correct[:k], self.loss_sum[:k]]
+
+
+def zero_rows(template: Params, capacity: int, device: torch.device) -> Params:
+    """name → zeros of shape (capacity, *template[name].shape) and its dtype: room for ``capacity`` clients."""
+    return {k: torch.zeros((capacity, *v.shape), dtype=v.dtype, device=device) for k, v in template.items()}
 
 
 def copy_rows(stacked: Params, states: list[Params]) -> None:

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from plfl.executors.lockstep import Split, masked, masked_batch_norms, stack, unstack
+from plfl.executors.lockstep import Split, masked, masked_batch_norms, stack, unstack, zero_rows
 from plfl.executors.step_graphs import StepGraphs
 from plfl.executors.tasks import LocalAggregationTask
 from plfl.methods.ala import ALAOutcome, head_only, sample_index, settled, top_names, warn_capped
@@ -43,11 +43,9 @@ class ALAState:
 
     def __init__(self, top: Params, fixed: Params, sample: torch.Tensor, capacity: int, width: int,
                  device: torch.device):
-        def rows(tensors: Params) -> Params:
-            return {k: torch.zeros((capacity, *v.shape), dtype=v.dtype, device=device) for k, v in tensors.items()}
-
         self.layout, self.capacity = layout(top, fixed, sample), capacity
-        self.weights, self.gap, self.local, self.fixed = rows(top), rows(top), rows(top), rows(fixed)
+        self.weights, self.gap, self.local = (zero_rows(top, capacity, device) for _ in range(3))
+        self.fixed = zero_rows(fixed, capacity, device)
         self.x = torch.zeros(capacity, width, *sample.shape, dtype=sample.dtype, device=device)
         self.y = torch.zeros(capacity, width, dtype=torch.long, device=device)
         self.mask = torch.zeros(capacity, width, device=device)

@@ -10,10 +10,11 @@ statistics of the real samples, each client's running statistics written back in
 the models the same way (running statistics), and ALA's weight learning runs in cohorts too
 (:mod:`plfl.executors.stacked_ala`). Data and states stay on the device; a
 cohort synchronises once, at its end. A training or evaluation step reads and writes only the stacked state that
-all cohorts share (:class:`~plfl.executors.lockstep.CohortState`), so on a CUDA device each step shape (active
-clients, batch width, options) is captured once as a CUDA graph and replayed from then on
-(:mod:`plfl.executors.step_graphs`, ``federation.cuda_graphs``). What it cannot run exactly (:func:`plfl.executors.lockstep.unsupported`,
-``data.augment``) goes to the sequential executor with a one-time ``PlflWarning``.
+all cohorts share (:class:`~plfl.executors.lockstep.CohortState`; ALA's steps likewise), so on a CUDA device each
+step shape (active clients, batch width, options) is captured once as a CUDA graph and replayed from then on
+(:mod:`plfl.executors.step_graphs`, ``federation.cuda_graphs``). What it cannot run exactly
+(:func:`plfl.executors.lockstep.unsupported`, ``data.augment``) goes to the sequential executor with a one-time
+``PlflWarning``.
 """
 from __future__ import annotations
 
