@@ -339,5 +339,17 @@ class LocalTrainer:
 
 def build_trainer(accelerator: str, devices: int, precision: str) -> L.Trainer:
     """The one Trainer of a run, in Lightning's barebones mode: no loggers, checkpoints, summaries,
-    progress bars or sanity checks per client, and no per-step logging checks (``log_every_n_steps=0``)."""
+    progress bars or sanity checks per client, and no per-step logging checks (``log_every_n_steps=0``).
+    Applies :func:`use_precision` for the process."""
+    use_precision(precision)
     return L.Trainer(accelerator=accelerator, devices=devices, precision=precision, max_epochs=1, barebones=True)
+
+
+def use_precision(precision: str) -> None:
+    """Make ``trainer.precision=32-true`` IEEE float32 on CUDA too, for every executor: cuDNN's convolutions
+    otherwise compute in TF32 (a 10-bit mantissa) on Ampere and newer GPUs by default, and a GPU run would
+    drift from the CPU's by more than float rounding. Process-wide (torch.backends); other precisions are
+    left to Lightning."""
+    if precision == "32-true":
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False

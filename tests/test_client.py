@@ -1,9 +1,10 @@
-"""plfl.client's loader and ClientModule's attribute handling."""
+"""plfl.client's loader, ClientModule's attribute handling and the Trainer's float32."""
 
+import pytest
 import torch
 from torch import nn
 
-from plfl.client import ClientModule, EpochShuffle, batch_loader
+from plfl.client import ClientModule, EpochShuffle, batch_loader, build_trainer
 
 
 def test_batch_loader_cuts_each_epochs_shuffle_into_batches():
@@ -34,3 +35,18 @@ def test_client_module_attributes_keep_nn_module_semantics():
     assert "extra" in module._modules
     module.samples_seen = nn.Parameter(torch.zeros(1))  # a plain attribute turned parameter, as in nn.Module
     assert "samples_seen" in module._parameters and "samples_seen" not in module.__dict__
+
+
+@pytest.fixture
+def tf32_flags():
+    """torch's TF32 flags, on before the test (cuDNN's default) and restored after it."""
+    flags = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = flags
+
+
+@pytest.mark.parametrize("precision, tf32", [("32-true", False), ("bf16-mixed", True)])
+def test_32_true_trainer_computes_in_ieee_float32(tf32_flags, precision, tf32):
+    build_trainer("cpu", 1, precision)
+    assert torch.backends.cudnn.allow_tf32 is tf32 and torch.backends.cuda.matmul.allow_tf32 is tf32
