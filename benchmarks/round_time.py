@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from plfl.callbacks import RunInfo
-from plfl.client import ClientModule, LocalTrainer, batch_loader, build_trainer
+from plfl.client import ClientModule, LocalTrainer, batch_loader, build_trainer, use_precision
 from plfl.config import load_config
 from plfl.data import load_federated_data
 from plfl.executors import build_executor
@@ -69,6 +69,7 @@ def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
     model = build_model(input_shape=data.input_shape, num_classes=data.num_classes, **OmegaConf.to_container(cfg.model))
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if kind == "plain":
+        use_precision(cfg.trainer.precision)  # the float32 that build_trainer sets for plfl's kinds
         return plain_rounds(model.to(args.device), data, initial, federation, args.rounds, args.device)
     trainer = LocalTrainer(ClientModule(model, data.num_classes, federation.lr, federation.momentum),
                            build_trainer(**cfg.trainer), federation.batch_size)
@@ -130,12 +131,15 @@ def main() -> None:
         print(json.dumps({"seconds": seconds, "peak_mib": peak_memory_mib(args.device)}))
         return
 
+    device = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
     print(f"{args.config or args.method} {' '.join(args.overrides)}, first {args.clients} clients, {args.rounds} "
-          f"round(s), {args.device}, torch threads {torch.get_num_threads()}")
+          f"round(s), {device}, torch {torch.__version__}")
     results = {}
     for kind in args.kinds:
         out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", kind], capture_output=True,
-                             text=True, check=True)
+                             text=True)
+        if out.returncode:
+            sys.exit(f"round_time.py: {kind} failed (exit status {out.returncode}):\n{out.stderr[-4000:]}")
         results[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     mean = {kind: sum(r["seconds"]) / len(r["seconds"]) for kind, r in results.items()}
     base = mean.get("sequential")
