@@ -14,15 +14,21 @@ runs evaluated different rounds.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
 
+from plfl.errors import PlflError
+from plfl.report.runs import read_report_run
+
 
 def accuracies(run_dir: Path) -> dict[int, float]:
-    """Round → test accuracy (%) of the rounds the run evaluated, from ``run_dir/metrics.csv``."""
-    with open(run_dir / "metrics.csv", newline="") as file:
-        return {int(row["round"]): 100 * float(row["accuracy"]) for row in csv.DictReader(file) if row["accuracy"]}
+    """Round → test accuracy (%) of the rounds the run evaluated, from ``run_dir/metrics.csv``.
+
+    Raises:
+        PlflError: ``run_dir`` is not a finished run directory, or its files cannot be read.
+    """
+    rounds, values = read_report_run(run_dir).series("accuracy")
+    return {r: 100 * v for r, v in zip(rounds, values)}
 
 
 def main() -> None:
@@ -30,8 +36,11 @@ def main() -> None:
     parser.add_argument("runs", nargs=2, type=Path, metavar="RUN_DIR")
     parser.add_argument("--tolerance", type=float, default=0.3, help="percentage points (default 0.3)")
     args = parser.parse_args()
-    a, b = (accuracies(run) for run in args.runs)
-    if a.keys() != b.keys():
+    try:
+        a, b = (accuracies(run) for run in args.runs)
+    except PlflError as e:
+        sys.exit(f"accuracy_gap.py: {e}")
+    if not a or a.keys() != b.keys():
         sys.exit(f"the runs evaluated different rounds: {sorted(a)} and {sorted(b)}")
     print(f"A: {args.runs[0]}\nB: {args.runs[1]}\n")
     print("| round | A (%) | B (%) | B − A (pp) |\n| --- | --- | --- | --- |")
