@@ -1,10 +1,10 @@
-"""plfl.client's loader, ClientModule's attribute handling and the Trainer's float32."""
+"""plfl.client's loader, ClientModule's attribute handling, the Trainer's float32 and input conversion."""
 
 import pytest
 import torch
 from torch import nn
 
-from plfl.client import ClientModule, EpochShuffle, batch_loader, build_trainer
+from plfl.client import ClientModule, EpochShuffle, LocalTrainer, batch_loader, build_trainer
 
 
 def test_batch_loader_cuts_each_epochs_shuffle_into_batches():
@@ -50,3 +50,16 @@ def tf32_flags():
 def test_32_true_trainer_computes_in_ieee_float32(tf32_flags, precision, tf32):
     build_trainer("cpu", 1, precision)
     assert torch.backends.cudnn.allow_tf32 is tf32 and torch.backends.cuda.matmul.allow_tf32 is tf32
+
+
+def test_local_training_converts_inputs_to_a_true_half_precision():
+    """ClientModule takes its batches from dataloader_iter, past Lightning's per-batch input conversion:
+    LocalTrainer converts a client's data once per fit, or a bf16 model would meet float32 inputs."""
+    x, y = torch.randn(40, 8), torch.randint(0, 4, (40,))
+    model = nn.Linear(8, 4)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = LocalTrainer(ClientModule(model, 4, lr=0.1), build_trainer("cpu", 1, "bf16-true"), 10)
+    result = trainer.train(start, x, y, seed=0, epochs=1)
+    assert result.samples_seen == 40 and torch.isfinite(torch.tensor(result.loss))
+    assert {v.dtype for v in result.params.values()} == {torch.bfloat16}
+    assert not torch.equal(result.params["weight"], start["weight"].bfloat16())  # four SGD steps moved it

@@ -59,9 +59,13 @@ def test_batch_order_is_local_trainers_across_fits_and_epochs(tiny_federation, m
     seen = []
     step = ClientModule.training_step
 
-    def recording(self, batch, batch_idx):
-        seen.append(batch[0][:, 0].long().tolist())  # x[:, 0] holds the sample's index
-        return step(self, batch, batch_idx)
+    def recorded(batches):  # ((x, y), batch_idx, dataloader_idx) items; x[:, 0] holds the sample's index
+        for batch in batches:
+            seen.append(batch[0][0][:, 0].long().tolist())
+            yield batch
+
+    def recording(self, dataloader_iter):
+        return step(self, recorded(dataloader_iter))
 
     monkeypatch.setattr(ClientModule, "training_step", recording)
     x, y = torch.arange(23.0).unsqueeze(1).repeat(1, 8), torch.zeros(23, dtype=torch.long)
