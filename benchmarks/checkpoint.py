@@ -26,13 +26,33 @@ def fedala_like_state(num_clients: int) -> dict:
     model = build_model("cnn", (1, 28, 28), 10, [])
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     top = list(params)[-2:]
-    clients = [{"model": {k: v + i for k, v in params.items()}, "ala_weights": {k: torch.rand_like(params[k])
-                for k in top}, "ala_epochs": 1} for i in range(num_clients)]
-    history = [{"round": r, "metrics": {"accuracy": 0.9, "seconds": 30.0}, "tables": {},
-                "clients": [{"round": r, "client": i, "accuracy": 0.9} for i in range(num_clients)]}
-               for r in range(21)]
-    return {"format": 1, "round": 20, "history": history, "best": (0.98, 20), "failures": [],
-            "method": {"global_params": params}, "store": clients, "rng": global_rng_state()}
+    clients = [
+        {
+            "model": {k: v + i for k, v in params.items()},
+            "ala_weights": {k: torch.rand_like(params[k]) for k in top},
+            "ala_epochs": 1,
+        }
+        for i in range(num_clients)
+    ]
+    history = [
+        {
+            "round": r,
+            "metrics": {"accuracy": 0.9, "seconds": 30.0},
+            "tables": {},
+            "clients": [{"round": r, "client": i, "accuracy": 0.9} for i in range(num_clients)],
+        }
+        for r in range(21)
+    ]
+    return {
+        "format": 1,
+        "round": 20,
+        "history": history,
+        "best": (0.98, 20),
+        "failures": [],
+        "method": {"global_params": params},
+        "store": clients,
+        "rng": global_rng_state(),
+    }
 
 
 def main() -> None:
@@ -47,8 +67,10 @@ def main() -> None:
     save = min(timeit.repeat(lambda: save_checkpoint(args.dir, 20, state, keep=1), number=1, repeat=args.repeats))
     load = min(timeit.repeat(lambda: read_checkpoint(path), number=1, repeat=args.repeats))
     shutil.rmtree(args.dir)
-    print(f"checkpoint of {args.clients} clients: {size / 2**20:.1f} MiB; "
-          f"save {save:.3f} s, read {load:.3f} s (best of {args.repeats})")
+    print(
+        f"checkpoint of {args.clients} clients: {size / 2**20:.1f} MiB; "
+        f"save {save:.3f} s, read {load:.3f} s (best of {args.repeats})"
+    )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-METHODS = ["fedavg", "fedavgm", "local", "fedala", "selffl", "fedft", "fedftha", "pfedla", "heurpfedla", "perfedavg",
-           "fedprox", "fedavg_c", "fedprox_c", "fedavg_e", "ditto", "pfedme", "fedrep", "lgfedavg", "fedbn",
-           "fedamp", "fedfomo", "pfedhn", "apple", "fedphp"]
+from plfl.methods import methods
+
 # FedALA's reference setting (configs/fedala.yaml), shared by every method.
 FEDERATION = {"join_ratio": 1.0, "local_epochs": 1, "batch_size": 10, "lr": 0.005, "momentum": 0.0, "seed": 0}
 METHOD_KEYS = {"fedft": ["method.head_epochs=1"], "fedftha": ["method.head_epochs=1"], "heurpfedla": ["method.k=1"]}
@@ -47,8 +46,17 @@ def completed_rows(run_root: Path, rounds: int) -> list[dict[str, str]] | None:
 def run(method: str, rounds: int, output_dir: Path) -> None:
     overrides = [f"federation.{k}={v}" for k, v in FEDERATION.items()] + METHOD_KEYS.get(method, [])
     # The plfl script installed beside this interpreter, activated or not.
-    command = [str(Path(sys.executable).parent / "plfl"), "fit", "--config", f"configs/{method}.yaml", f"name={method}",
-               f"output_dir={output_dir}", f"federation.rounds={rounds}", "progress_bar=false", *overrides]
+    command = [
+        str(Path(sys.executable).parent / "plfl"),
+        "fit",
+        "--config",
+        f"configs/{method}.yaml",
+        f"name={method}",
+        f"output_dir={output_dir}",
+        f"federation.rounds={rounds}",
+        "progress_bar=false",
+        *overrides,
+    ]
     print("$", " ".join(command), file=sys.stderr, flush=True)
     subprocess.run(command, check=True)
 
@@ -83,12 +91,19 @@ def table_row(method: str, rows: list[dict[str, str]]) -> str:
     accuracy = [number(r, "accuracy") for r in rows]
     evaluated = [a for a in accuracy if a is not None]
     trained = rows[1:]
-    mean = lambda key: sum(number(r, key) or 0.0 for r in trained) / len(trained)  # noqa: E731
+
+    def mean(key: str) -> float:
+        return sum(number(r, key) or 0.0 for r in trained) / len(trained)
+
     global_accuracy = number(rows[-1], "global_accuracy")
     cells = [
-        method, f"{100 * evaluated[-1]:.2f}", f"{100 * max(evaluated):.2f} (r{accuracy.index(max(evaluated))})",
+        method,
+        f"{100 * evaluated[-1]:.2f}",
+        f"{100 * max(evaluated):.2f} (r{accuracy.index(max(evaluated))})",
         "–" if global_accuracy is None else f"{100 * global_accuracy:.2f}",
-        f"{mean('seconds'):.1f}", f"{mean('bytes_sent') / 1e6:.1f}", f"{mean('bytes_received') / 1e6:.1f}",
+        f"{mean('seconds'):.1f}",
+        f"{mean('bytes_sent') / 1e6:.1f}",
+        f"{mean('bytes_received') / 1e6:.1f}",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -96,7 +111,8 @@ def table_row(method: str, rows: list[dict[str, str]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    names = list(methods())
+    parser.add_argument("--methods", nargs="+", default=names, choices=names)
     parser.add_argument("--output-dir", type=Path, default=Path("runs/compare"))
     args = parser.parse_args()
     results = {}
@@ -105,7 +121,9 @@ def main() -> None:
             run(method, args.rounds, args.output_dir)
         results[method] = completed_rows(args.output_dir / method, args.rounds)
     print(f"Rounds: {args.rounds}; federation: {FEDERATION}; method keys: {METHOD_KEYS}")
-    print("| method | final acc. | best acc. (round) | global model acc. | s/round | MB sent/round | MB received/round |")
+    print(
+        "| method | final acc. | best acc. (round) | global model acc. | s/round | MB sent/round | MB received/round |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for method, rows in results.items():
         print(table_row(method, rows))

@@ -24,7 +24,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from plfl.client import ClientModule, LocalTrainer, build_trainer, epoch_order
+from plfl.batches import epoch_order
+from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.config import DataConfig
 from plfl.data import load_federated_data
 from plfl.models import build_model
@@ -58,8 +59,9 @@ def main() -> None:
     client = data.clients[args.client]
     model = build_model("cnn", data.input_shape, data.num_classes, [])
     params = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = LocalTrainer(ClientModule(model, data.num_classes, lr=0.005), build_trainer("cpu", 1, "32-true"),
-                           args.batch_size)
+    trainer = LocalTrainer(
+        ClientModule(model, data.num_classes, lr=0.005), build_trainer("cpu", 1, "32-true"), args.batch_size
+    )
 
     def plfl_round() -> dict[str, torch.Tensor]:
         return trainer.train(params, client.x_train, client.y_train, seed=0, epochs=1).params
@@ -76,15 +78,20 @@ def main() -> None:
         times["plain"].append(timed(plain_round))
         times["plfl"].append(timed(plfl_round))
     (plain_wall, plain_cpu), (ours_wall, ours_cpu) = (
-        [min(t[i] for t in times[side]) for i in (0, 1)] for side in ("plain", "plfl"))
+        [min(t[i] for t in times[side]) for i in (0, 1)] for side in ("plain", "plfl")
+    )
     steps = -(-client.num_train // args.batch_size)
-    print(f"client {args.client}: {client.num_train} samples, {steps} steps of batch {args.batch_size}, "
-          f"torch threads {torch.get_num_threads()}, best of {args.repeats}; identical parameters: {identical}")
+    print(
+        f"client {args.client}: {client.num_train} samples, {steps} steps of batch {args.batch_size}, "
+        f"torch threads {torch.get_num_threads()}, best of {args.repeats}; identical parameters: {identical}"
+    )
     for name, wall, cpu in (("plain PyTorch loop", plain_wall, plain_cpu), ("plfl LocalTrainer ", ours_wall, ours_cpu)):
         print(f"{name} : {wall:.3f} s wall, {cpu:.3f} s CPU ({1e3 * cpu / steps:.3f} ms/step)")
     pairs = statistics.median(ours[1] / plain[1] for plain, ours in zip(times["plain"], times["plfl"]))
-    print(f"ratio plfl / plain : {ours_wall / plain_wall:.3f} wall, {ours_cpu / plain_cpu:.3f} CPU; "
-          f"median pair {pairs:.3f} CPU")
+    print(
+        f"ratio plfl / plain : {ours_wall / plain_wall:.3f} wall, {ours_cpu / plain_cpu:.3f} CPU; "
+        f"median pair {pairs:.3f} CPU"
+    )
 
 
 if __name__ == "__main__":

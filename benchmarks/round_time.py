@@ -1,15 +1,15 @@
 """Seconds per round of the sequential and the vectorized executor and of a plain PyTorch loop, in one run.
 
-Usage: python benchmarks/round_time.py [--device cpu|cuda] [--method fedavg|fedala] [--config FILE] [--rounds N]
+Usage: python benchmarks/round_time.py [--device cpu|cuda] [--method NAME] [--config FILE] [--rounds N]
        [--clients K] [--cohort-size C] [--no-cuda-graphs] [--kinds plain sequential vectorized] [--data DIR]
        [key=value ...]
 
 Run from the repository root. The federation of ``configs/<method>.yaml``
-(FedALA's MNIST: 4-layer CNN, batch 10, one local epoch), or of ``--config``
+(for fedavg and fedala: FedALA's MNIST, 4-layer CNN, batch 10, one local epoch), or of ``--config``
 with the ``key=value`` overrides (e.g. ``configs/fedala-cifar10.yaml
 model.name=resnet18 data.num_clients=100``), on its first K clients runs N
 rounds with ``federation.executor=sequential`` and ``vectorized``,
-evaluation (and ALA) included. The plain loop trains the same clients one
+evaluation (and the method's own steps, e.g. ALA) included. The plain loop trains the same clients one
 after another with ``torch.optim.SGD`` on the same tensors (on the device) in the same batch
 order and averages them: FedAvg's training and aggregation only. Each runs in
 a process of its own, so that its peak memory (``ru_maxrss`` on the CPU,
@@ -33,8 +33,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from plfl.batches import batch_loader
 from plfl.callbacks import RunInfo
-from plfl.client import ClientModule, LocalTrainer, batch_loader, build_trainer, use_precision
+from plfl.client import use_precision
 from plfl.config import load_config
 from plfl.data import load_federated_data
 from plfl.executors import build_executor
@@ -47,8 +48,11 @@ from plfl.seeding import LOCAL_TRAINING, derive_seed
 from plfl.state import ClientStateStore
 
 ROOT = Path(__file__).resolve().parents[1]
-KINDS = {"plain": "plain PyTorch loop (FedAvg training only)", "sequential": "plfl, federation.executor=sequential",
-         "vectorized": "plfl, federation.executor=vectorized"}
+KINDS = {
+    "plain": "plain PyTorch loop (FedAvg training only)",
+    "sequential": "plfl, federation.executor=sequential",
+    "vectorized": "plfl, federation.executor=vectorized",
+}
 
 
 def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
@@ -59,25 +63,26 @@ def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
     if kind != "plain":
         overrides += [f"federation.executor={kind}", f"trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}"]
     if kind == "vectorized":
-        overrides += [f"federation.cuda_graphs={str(args.cuda_graphs).lower()}",
-                      *([f"federation.cohort_size={args.cohort_size}"] if args.cohort_size else [])]
+        overrides += [
+            f"federation.cuda_graphs={str(args.cuda_graphs).lower()}",
+            *([f"federation.cohort_size={args.cohort_size}"] if args.cohort_size else []),
+        ]
     cfg = load_config(args.config or ROOT / "configs" / f"{args.method}.yaml", overrides)
     federation = OmegaConf.to_object(cfg.federation)
     L.seed_everything(federation.seed, verbose=False)
     data = load_federated_data(OmegaConf.to_object(cfg.data), federation.seed)
-    data = dataclasses.replace(data, clients=data.clients[:args.clients])
+    data = dataclasses.replace(data, clients=data.clients[: args.clients])
     model = build_model(input_shape=data.input_shape, num_classes=data.num_classes, **OmegaConf.to_container(cfg.model))
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if kind == "plain":
         use_precision(cfg.trainer.precision)  # the float32 that build_trainer sets for plfl's kinds
         return plain_rounds(model.to(args.device), data, initial, federation, args.rounds, args.device)
-    trainer = LocalTrainer(ClientModule(model, data.num_classes, federation.lr, federation.momentum),
-                           build_trainer(**cfg.trainer), federation.batch_size)
-    context = FederationContext(data, ClientStateStore(len(data.clients)), model, trainer, federation)
-    method = method_class(cfg.method.name)(OmegaConf.to_object(cfg.method), context, initial)
-    executor = build_executor(federation, data, trainer, cfg.trainer.accelerator, cfg.trainer.precision)
+    config = OmegaConf.to_object(cfg)
+    context = FederationContext(data, ClientStateStore(len(data.clients)), config, model)
+    method = method_class(config.method.name)(config.method, context, initial)
+    executor = build_executor(config, data, model)
     run = RunInfo(cfg, Path("."), len(data.clients), sum(p.numel() for p in model.parameters()))
-    loop = FederationLoop(method, context, [], run, executor)
+    loop = FederationLoop(method, context, executor, [], run)
     loop.run()
     return [r.metrics["seconds"] for r in loop.history if r.round > 0]
 
@@ -92,8 +97,9 @@ def plain_rounds(model, data, params, federation, rounds: int, device: str) -> l
         for i, (x, y) in enumerate(tensors):
             model.load_state_dict(params)
             optimizer = torch.optim.SGD(model.parameters(), lr=federation.lr, momentum=federation.momentum)
-            for xb, yb in batch_loader(x, y, federation.batch_size, derive_seed(federation.seed, round_, i,
-                                                                               LOCAL_TRAINING)):
+            for xb, yb in batch_loader(
+                x, y, federation.batch_size, derive_seed(federation.seed, round_, i, LOCAL_TRAINING)
+            ):
                 optimizer.zero_grad()
                 F.cross_entropy(model(xb), yb).backward()
                 optimizer.step()
@@ -114,13 +120,17 @@ def peak_memory_mib(device: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--method", choices=("fedavg", "fedala"), default="fedavg")
+    parser.add_argument("--method", default="fedavg", help="a method with a config in configs/<method>.yaml")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=20, help="the first K clients of the federation")
     parser.add_argument("--config", type=Path, help="a config file instead of configs/<method>.yaml")
     parser.add_argument("--cohort-size", type=int, default=None, help="federation.cohort_size of vectorized")
-    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
-                        help="federation.cuda_graphs of vectorized")
+    parser.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="federation.cuda_graphs of vectorized",
+    )
     parser.add_argument("--kinds", nargs="+", choices=tuple(KINDS), default=list(KINDS), help="what to time")
     parser.add_argument("--data", help="data.root (default: the config's)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every kind")
@@ -132,12 +142,13 @@ def main() -> None:
         return
 
     device = torch.cuda.get_device_name() if args.device == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
-    print(f"{args.config or args.method} {' '.join(args.overrides)}, first {args.clients} clients, {args.rounds} "
-          f"round(s), {device}, torch {torch.__version__}")
+    print(
+        f"{args.config or args.method} {' '.join(args.overrides)}, first {args.clients} clients, {args.rounds} "
+        f"round(s), {device}, torch {torch.__version__}"
+    )
     results = {}
     for kind in args.kinds:
-        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", kind], capture_output=True,
-                             text=True)
+        out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--only", kind], capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"round_time.py: {kind} failed (exit status {out.returncode}):\n{out.stderr[-4000:]}")
         results[kind] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -90,8 +90,10 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
         if not zipfile.is_zipfile(f):
             # torch.save writes a zip archive; torch.load would take anything else for its legacy format,
             # whose reader warns about the pickle protocol before refusing or loading it.
-            raise CorruptCheckpoint(f"{path} cannot be loaded safely: it is not the zip archive torch.save "
-                                    "writes (a raw pickle or another format), so it is not a plfl checkpoint.")
+            raise CorruptCheckpoint(
+                f"{path} cannot be loaded safely: it is not the zip archive torch.save "
+                "writes (a raw pickle or another format), so it is not a plfl checkpoint."
+            )
         f.seek(start)
         try:
             return torch.load(f, weights_only=True)
@@ -112,9 +114,11 @@ def load_latest_checkpoint(directory: Path) -> tuple[Path, dict[str, Any]]:
         except CorruptCheckpoint as e:
             warnings.warn(PlflWarning(f"{e} Using the checkpoint before it."), stacklevel=2)
     what = "no checkpoint" if not paths else "no intact checkpoint"
-    raise PlflError(f"{directory.parent} has {what} ({directory}/round-*.pt): the run stopped before its first "
-                    f"checkpoint or saves none (checkpoint_every=0). Start it again with "
-                    f"plfl fit --config {directory.parent / 'config.yaml'}.")
+    raise PlflError(
+        f"{directory.parent} has {what} ({directory}/round-*.pt): the run stopped before its first "
+        f"checkpoint or saves none (checkpoint_every=0). Start it again with "
+        f"plfl fit --config {directory.parent / 'config.yaml'}."
+    )
 
 
 def _fsync_directory(directory: Path) -> None:

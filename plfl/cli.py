@@ -32,55 +32,82 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     fit = commands.add_parser("fit", help="run a federation described by a YAML config")
     fit.add_argument("--config", "-c", help="YAML config file (see configs/)")
-    fit.add_argument("--resume", type=Path, metavar="RUN_DIR",
-                     help="continue the run in RUN_DIR from its newest intact checkpoint (its config.yaml, "
-                          "plus any key=value overrides, e.g. federation.rounds=50)")
+    fit.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its newest intact checkpoint (its config.yaml, "
+        "plus any key=value overrides, e.g. federation.rounds=50)",
+    )
     fit.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. federation.rounds=5")
     fit.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    fit.add_argument("--seeds", type=seed_list, metavar="S1,S2,...",
-                     help="repeat the run once per seed (federation.seed) and report mean ± std of the best accuracy")
+    fit.add_argument(
+        "--seeds",
+        type=seed_list,
+        metavar="S1,S2,...",
+        help="repeat the run once per seed (federation.seed) and report mean ± std of the best accuracy",
+    )
     fit.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure")
     sweep = commands.add_parser("sweep", help="run a W&B sweep file offline, one trial after another or N at once")
     sweep.add_argument("sweep_file", help="W&B sweep YAML whose command runs plfl fit (see sweeps/)")
     sweep.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides for every trial")
-    sweep.add_argument("--count", type=int, metavar="N",
-                       help="stop once the sweep holds N trials, earlier runs' included "
-                            "(default: the file's run_cap; a grid ends by itself)")
+    sweep.add_argument(
+        "--count",
+        type=int,
+        metavar="N",
+        help="stop once the sweep holds N trials, earlier runs' included "
+        "(default: the file's run_cap; a grid ends by itself)",
+    )
     sweep.add_argument("--retry-failed", action="store_true", help="run the trials that failed before again")
-    sweep.add_argument("--parallel", type=int, default=1, metavar="N",
-                       help="run up to N trials at once, each as a Ray task on one CPU (needs Ray: "
-                            "pip install -e '.[ray]'; default 1: one after another in this process)")
-    sweep.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show the traceback of a failure")
+    sweep.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run up to N trials at once, each as a Ray task on one CPU (needs Ray: "
+        "pip install -e '.[ray]'; default 1: one after another in this process)",
+    )
+    sweep.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+    )
     compare = commands.add_parser("compare", help="print a method × data set table of finished runs")
-    compare.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
-                         help="run directories, or folders holding them (e.g. runs/)")
-    compare.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                         help="show the traceback of a failure")
+    compare.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories, or folders holding them (e.g. runs/)"
+    )
+    compare.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+    )
     report = commands.add_parser("report", help="write an interactive HTML page of finished runs (opens offline)")
-    report.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="run directories, or folders holding them (e.g. runs/)")
-    report.add_argument("--output", "-o", type=Path, default=Path("report.html"),
-                        help="HTML file to write (default: report.html)")
-    report.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the traceback of a failure")
+    report.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories, or folders holding them (e.g. runs/)"
+    )
+    report.add_argument(
+        "--output", "-o", type=Path, default=Path("report.html"), help="HTML file to write (default: report.html)"
+    )
+    report.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+    )
     methods = commands.add_parser("methods", help="list the methods (method.name) with their keys and defaults")
     methods.add_argument("names", nargs="*", metavar="NAME", help="only these methods (default: all)")
-    methods.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                         help="show the traceback of a failure")
+    methods.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+    )
     return parser
 
 
 def version_text() -> str:
     """``plfl X.Y.Z (Python a.b.c, torch ..., lightning ...)``, read from package metadata (no torch import)."""
+
     def installed(package: str) -> str:
         try:
             return metadata.version(package)
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    return (f"plfl {plfl.__version__} (Python {platform.python_version()}, torch {installed('torch')}, "
-            f"lightning {installed('lightning')})")
+    return (
+        f"plfl {plfl.__version__} (Python {platform.python_version()}, torch {installed('torch')}, "
+        f"lightning {installed('lightning')})"
+    )
 
 
 def seed_list(text: str) -> list[int]:
@@ -111,8 +138,10 @@ def fit(args: argparse.Namespace) -> None:
         cfg.federation.seed = seed
         run_dir, summary = run_experiment(cfg, args.resume)
         best, final = summary["best_accuracy"], summary["final_accuracy"]
-        print(f"Best accuracy {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
-              f"{summary['seconds_per_round']:.2f} s per round")
+        print(
+            f"Best accuracy {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
+            f"{summary['seconds_per_round']:.2f} s per round"
+        )
         print(f"Run directory: {run_dir}")
         run_dirs.append(run_dir)
     if args.seeds:
@@ -125,24 +154,29 @@ def example_configs() -> str:
     names = sorted(p.name for p in EXAMPLE_CONFIGS.glob("*.yaml"))
     if not names:
         return "Example configs are in the configs/ folder of plfl's repository."
-    return (f"Start with plfl fit --config {EXAMPLE_CONFIGS / 'quickstart.yaml'} (FedALA on scikit-learn's "
-            f"bundled digits, no files needed); the examples in {EXAMPLE_CONFIGS}: {', '.join(names)}.")
+    return (
+        f"Start with plfl fit --config {EXAMPLE_CONFIGS / 'quickstart.yaml'} (FedALA on scikit-learn's "
+        f"bundled digits, no files needed); the examples in {EXAMPLE_CONFIGS}: {', '.join(names)}."
+    )
 
 
 def methods(args: argparse.Namespace) -> None:
     """Print each method's summary and its ``method.*`` keys: default, allowed values, meaning."""
-    from plfl.methods import METHODS, method_entry
+    from plfl.fields import allowed as allowed_values
+    from plfl.methods import method_class, methods, summary
 
-    entries = {name: method_entry(name) for name in args.names or METHODS}  # unknown names fail first
-    for name, entry in entries.items():
-        print(f"{name}: {entry.summary}")
-        for f in dataclasses.fields(entry.config):
+    classes = {name: method_class(name) for name in args.names or methods()}  # unknown names fail first
+    for name, cls in classes.items():
+        print(f"{name}: {summary(cls)}")
+        for f in dataclasses.fields(cls.config_class):
             if f.name == "name":
                 continue
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            allowed = f" ({f.metadata['allowed']})" if "allowed" in f.metadata else ""
+            allowed = f" ({allowed_values(f)})" if "allowed" in f.metadata else ""
             doc = f.metadata.get("doc", "")
-            print(f"  method.{f.name} = {'null' if default is None else default}{allowed}" + (f": {doc}" if doc else ""))
+            print(
+                f"  method.{f.name} = {'null' if default is None else default}{allowed}" + (f": {doc}" if doc else "")
+            )
         print()
 
 
@@ -166,17 +200,22 @@ def sweep(args: argparse.Namespace) -> int:
     print_results(result)
     failed = sum(t["status"] == "failed" for t in result.trials)
     if failed:
-        print(f"{failed} of {len(result.trials)} trials failed; the error column says why "
-              "(--retry-failed runs them again).", file=sys.stderr)
+        print(
+            f"{failed} of {len(result.trials)} trials failed; the error column says why "
+            "(--retry-failed runs them again).",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 
 COMMANDS = {"fit": fit, "sweep": sweep, "compare": compare, "report": report, "methods": methods}
-INTERRUPTED = {"fit": "rounds finished so far are in the run directory; plfl fit --resume RUN_DIR continues",
-               "sweep": "finished trials are saved; run the same command again to continue",
-               "compare": "nothing was written",
-               "report": "the report may be incomplete; run the command again",
-               "methods": "nothing was written"}
+INTERRUPTED = {
+    "fit": "rounds finished so far are in the run directory; plfl fit --resume RUN_DIR continues",
+    "sweep": "finished trials are saved; run the same command again to continue",
+    "compare": "nothing was written",
+    "report": "the report may be incomplete; run the command again",
+    "methods": "nothing was written",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return _fail(args, f"plfl {args.command}: interrupted; {INTERRUPTED[args.command]}.", 130)
     except Exception as e:  # noqa: BLE001  anything else still gets one readable paragraph
-        return _fail(args, f"plfl {args.command} failed: {type(e).__name__}: {e}. "
-                           "Re-run with --debug to see the traceback.", 1)
+        return _fail(
+            args, f"plfl {args.command} failed: {type(e).__name__}: {e}. Re-run with --debug to see the traceback.", 1
+        )
 
 
 def _fail(args: argparse.Namespace, message: str, status: int) -> int:

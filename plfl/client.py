@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from dataclasses import dataclass
+from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 import lightning as L
@@ -19,108 +19,31 @@ import torch.nn.functional as F
 import torchmetrics
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.data import DataLoader, Dataset, Sampler
 
-from plfl.seeding import AUGMENTATION, SHUFFLING, derive_seed
+from plfl.batches import EVAL_BATCH_SIZE, batch_loader, has_batch_norm, smallest_batch
+from plfl.models import channels_last
+from plfl.seeding import AUGMENTATION, derive_seed
 from plfl.state import Params
+from plfl.tasks import EvalResult, ProximalTerm, TrainResult
 
-EVAL_BATCH_SIZE = 1000
-
-# Lightning announces every fit's stop reason and the hardware at INFO level;
-# with one fit per client per round that drowns the console.
-for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
-    logging.getLogger(_name).setLevel(logging.WARNING)
-warnings.filterwarnings("ignore", message=".*does not have many workers.*")
-warnings.filterwarnings("ignore", message=".*smaller than the logging interval.*")
-warnings.filterwarnings("ignore", message=".*treespec, LeafSpec.*")
-# ClientModule.training_step takes a local epoch's batches from dataloader_iter; Lightning warns that its
-# batch_idx then counts training_step calls, which plfl never reads.
-warnings.filterwarnings("ignore", message=".*`dataloader_iter`.*")
+# Notices Lightning gives at every fit or test, which with one fit per client per round would drown the console:
+QUIET = (
+    ".*does not have many workers.*",  # the tensors are in memory: loader workers would only add processes
+    ".*smaller than the logging interval.*",  # plfl logs nothing per step
+    ".*treespec, LeafSpec.*",  # Lightning 2.6's own use of a deprecated torch helper
+    # ClientModule.training_step takes a local epoch's batches from dataloader_iter; Lightning warns that the
+    # signature is experimental and that batch_idx then counts training_step calls, which plfl never reads.
+    ".*`dataloader_iter`.*",
+)
 
 
-class TensorBatches(Dataset):
-    """Batches ``(x[index], y[index])`` for a tensor ``index`` of sample indices (one indexing op per batch)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor):
-        self.x, self.y = x, y
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[index], self.y[index]
-
-
-def _as_batch(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return batch  # TensorBatches already returns the collated batch
-
-
-class EpochShuffle(Sampler[int]):
-    """Indices 0..n-1 in a new order each local epoch: epoch k's order is a permutation drawn from (seed, k);
-    the first ``size`` of them (default n).
-
-    Lightning numbers epochs across all fits of a Trainer and tells samplers
-    the epoch with ``set_epoch``; k counts from ``first_epoch``, the Trainer's
-    epoch when this fit starts. Drawing from (seed, k) instead of one running
-    generator matters: a reused Trainer starts an iteration and discards it at
-    the start of every fit after its first, so a running generator would make
-    a client's batches depend on how many fits the Trainer ran before (and a
-    resumed run would differ from an uninterrupted one).
-    """
-
-    def __init__(self, n: int, seed: int, first_epoch: int, size: Optional[int] = None):
-        self.n, self.seed, self.first_epoch = n, seed, first_epoch
-        self.size = n if size is None else size
-        self.epoch = first_epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.size
-
-    def order(self) -> torch.Tensor:
-        """This epoch's (size,) int64 indices."""
-        return epoch_order(self.n, self.seed, self.epoch - self.first_epoch)[: self.size]
-
-    def __iter__(self) -> Iterator[int]:
-        yield from self.order().tolist()
-
-
-def epoch_order(n: int, seed: int, local_epoch: int) -> torch.Tensor:
-    """The (n,) int64 permutation of 0..n-1 that a training seeded ``seed`` visits in its epoch ``local_epoch``
-    (0 first)."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, local_epoch, 0, SHUFFLING)))
-
-
-class IndexBatches(Sampler[torch.Tensor]):
-    """``shuffle``'s order each epoch (None: 0..n-1) in index tensors of ``batch_size`` (the last may be
-    smaller). Slicing one index tensor per epoch avoids a BatchSampler's per-sample Python ints."""
-
-    def __init__(self, n: int, batch_size: int, shuffle: Optional[EpochShuffle] = None):
-        self.n, self.batch_size, self.shuffle = n, batch_size, shuffle
-
-    def set_epoch(self, epoch: int) -> None:
-        if self.shuffle is not None:
-            self.shuffle.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return -(-(self.n if self.shuffle is None else len(self.shuffle)) // self.batch_size)
-
-    def __iter__(self) -> Iterator[torch.Tensor]:
-        order = torch.arange(self.n) if self.shuffle is None else self.shuffle.order()
-        return iter(order.split(self.batch_size))
-
-
-def batch_loader(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: Optional[int] = None,
-                 first_epoch: int = 0, size: Optional[int] = None) -> DataLoader:
-    """Mini-batches of ``(x, y)``, reshuffled each epoch from ``seed`` (:class:`EpochShuffle`; None: in order);
-    with a seed, ``size`` samples of each epoch's order (default all). ``loader.sampler.set_epoch`` picks the
-    epoch's order."""
-    shuffle = None if seed is None else EpochShuffle(len(y), seed, first_epoch, size)
-    sampler = IndexBatches(len(y), batch_size, shuffle)
-    return DataLoader(TensorBatches(x, y), sampler=sampler, batch_size=None, collate_fn=_as_batch)
+@contextmanager
+def quiet_lightning() -> Iterator[None]:
+    """Within the block, Lightning's per-fit warnings in :data:`QUIET` are not shown."""
+    with warnings.catch_warnings():
+        for message in QUIET:
+            warnings.filterwarnings("ignore", message=message)
+        yield
 
 
 class ClientModule(L.LightningModule):
@@ -133,14 +56,16 @@ class ClientModule(L.LightningModule):
     :class:`LocalTrainer` seeds for every fit; evaluation never transforms.
     """
 
-    def __init__(self, model: nn.Module, num_classes: int, lr: float, momentum: float = 0.0,
-                 train_transform: Optional[Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        num_classes: int,
+        lr: float,
+        momentum: float = 0.0,
+        train_transform: Optional[Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = None,
+    ):
         super().__init__()
-        if any(isinstance(m, nn.Conv2d) for m in model.modules()):
-            # Faster convolutions and pooling on the CPU: benchmarks/overhead.py's plain loop took 11-20 % less
-            # time with it (both sides of that benchmark use it).
-            model.to(memory_format=torch.channels_last)
-        self.model = model
+        self.model = channels_last(model)
         self.lr = lr
         self.momentum = momentum
         self.test_accuracy = torchmetrics.classification.MulticlassAccuracy(num_classes, average="micro")
@@ -227,75 +152,20 @@ class ClientModule(L.LightningModule):
         return (self._loss_sum / self.samples_seen).item() if self.samples_seen else float("nan")
 
 
-@dataclass(frozen=True)
-class ProximalTerm:
-    """μ/2 · Σ ‖θ − anchor‖² over the trainable parameters, added to the local loss.
-
-    FedProx's proximal term (Li et al., MLSys 2020, Eq. 2) with ``anchor`` the received global
-    model; Ditto's personal objective (Li et al., ICML 2021, Eq. 2) with μ = λ. Its gradient
-    adds μ(θ − anchor) to the cross-entropy's.
-    """
-
-    anchor: Params  # state_dict names → tensors; only the model's parameters are used
-    mu: float  # μ ≥ 0
-
-    def penalty(self, model: nn.Module) -> torch.Tensor:
-        """The scalar term for ``model``'s current parameters (frozen parameters count 0)."""
-        terms = [(p - self.anchor[name]).pow(2).sum() for name, p in model.named_parameters() if p.requires_grad]
-        return self.mu / 2 * torch.stack(terms).sum()
-
-    def to(self, device: torch.device) -> ProximalTerm:
-        return ProximalTerm({k: v.to(device) for k, v in self.anchor.items()}, self.mu)
-
-
-@dataclass
-class TrainResult:
-    """Outcome of one client's local training."""
-
-    params: Params  # trained state (CPU tensors): the client's model from now on
-    loss: float  # sample-weighted mean cross-entropy over the steps taken (no proximal term)
-    samples_seen: int  # training samples processed (epochs × n, or steps × batch; see LocalTrainer on BatchNorm)
-    # What the client uploads when it is not ``params``, e.g. Ditto's trained copy of the global
-    # model beside its personal model (Method.client_message).
-    upload: Optional[Params] = None
-
-
-@dataclass
-class EvalResult:
-    """A model on one test split: ``correct`` of ``total`` samples, mean cross-entropy ``loss``."""
-
-    correct: int
-    total: int
-    loss: float
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / self.total if self.total else float("nan")
-
-
 class LocalTrainer:
     """Runs local training and evaluation of any client on one reused Lightning Trainer.
 
     Lightning's fit loop keeps its progress between ``fit`` calls, so each call
     raises the epoch or step limit by exactly the amount of local training asked
-    for; the test ``test_reused_trainer_trains_every_client`` guards this.
-
-    A model with BatchNorm layers cannot train on a batch of one sample (torch
-    raises: a batch statistic needs two values per channel), so when n mod
-    batch size = 1 each epoch leaves out its last shuffled sample, a different
-    one every epoch. PFLlib drops every incomplete last batch instead.
+    for; the test ``test_reused_trainer_trains_every_client`` guards this. The
+    batches are the one batch order of :mod:`plfl.batches`, BatchNorm rule included.
     """
 
     def __init__(self, module: ClientModule, trainer: L.Trainer, batch_size: int):
         self.module = module
         self.trainer = trainer
         self.batch_size = batch_size
-        self.batch_norm = any(isinstance(m, _BatchNorm) for m in module.model.modules())
-
-    def epoch_size(self, n: int) -> int:
-        """How many of n training samples a local epoch visits: n, or n - 1 for a model with BatchNorm when a
-        last batch of one sample would remain (the class docstring's BatchNorm rule)."""
-        return n - 1 if self.batch_norm and n > 1 and n % self.batch_size == 1 else n
+        self.min_last = smallest_batch(has_batch_norm(module.model))
 
     def train(
         self,
@@ -333,13 +203,15 @@ class LocalTrainer:
         # Once per fit instead of per batch: Lightning's loop does not move or convert dataloader_iter's batches.
         device = self.trainer.strategy.root_device
         x, y = self.trainer.precision_plugin.convert_input((x.to(device), y.to(device)))
-        loader = batch_loader(x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch,
-                              size=self.epoch_size(len(y)))
+        loader = batch_loader(
+            x, y, self.batch_size, seed, first_epoch=self.trainer.current_epoch, min_last=self.min_last
+        )
         self.module.proximal = proximal
         # Seeded per fit, not once per run: a fit's draws depend only on its seed (and so survive a resume).
         self.module.generator.manual_seed(derive_seed(seed, 0, 0, AUGMENTATION))
         try:
-            self.trainer.fit(self.module, train_dataloaders=loader)
+            with quiet_lightning():
+                self.trainer.fit(self.module, train_dataloaders=loader)
         finally:
             self.module.proximal = None
         for p in model.parameters():
@@ -353,7 +225,8 @@ class LocalTrainer:
         module.model.load_state_dict(params)
         module.test_accuracy.reset()
         module.test_loss.reset()
-        self.trainer.test(module, dataloaders=batch_loader(x, y, EVAL_BATCH_SIZE, None), verbose=False)
+        with quiet_lightning():
+            self.trainer.test(module, dataloaders=batch_loader(x, y, EVAL_BATCH_SIZE, None), verbose=False)
         total = len(y)
         correct = round(module.test_accuracy.compute().item() * total)
         return EvalResult(correct, total, module.test_loss.compute().item())
@@ -362,8 +235,11 @@ class LocalTrainer:
 def build_trainer(accelerator: str, devices: int, precision: str) -> L.Trainer:
     """The one Trainer of a run, in Lightning's barebones mode: no loggers, checkpoints, summaries,
     progress bars or sanity checks per client, and no per-step logging checks (``log_every_n_steps=0``).
-    Applies :func:`use_precision` for the process."""
+    Applies :func:`use_precision` for the process, and keeps Lightning's INFO notices (every fit's stop
+    reason, the hardware) off the console: with one fit per client per round they would drown it."""
     use_precision(precision)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     return L.Trainer(accelerator=accelerator, devices=devices, precision=precision, max_epochs=1, barebones=True)
 
 

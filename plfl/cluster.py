@@ -55,13 +55,16 @@ def connect(ray: ModuleType, address: str, num_cpus: float) -> bool:
         else:
             ray.init(address=address)
     except Exception as error:  # noqa: BLE001  Ray raises ConnectionError, RuntimeError, ValueError ...
-        raise ConfigError(f"Could not connect to Ray at ray.address={address}: {type(error).__name__}: {error}. "
-                          f"{_FIX}") from None
+        raise ConfigError(
+            f"Could not connect to Ray at ray.address={address}: {type(error).__name__}: {error}. {_FIX}"
+        ) from None
     return True
 
 
-_FIX = ("Start a cluster with `ray start --head` and pass its address (ray.address=auto on one of its machines, "
-        "ray://HEAD:10001 elsewhere), or set ray.address=local to start Ray on this machine.")
+_FIX = (
+    "Start a cluster with `ray start --head` and pass its address (ray.address=auto on one of its machines, "
+    "ray://HEAD:10001 elsewhere), or set ray.address=local to start Ray on this machine."
+)
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

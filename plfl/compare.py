@@ -45,14 +45,24 @@ def read_run(run_dir: Path) -> RunRecord:
     """
     config, summary = run_dir / "config.yaml", run_dir / "summary.json"
     if not (config.is_file() and summary.is_file()):
-        raise PlflError(f"{run_dir} is not a plfl run directory (it needs config.yaml and summary.json); "
-                        "pass runs/<name>/<time>/ or a folder holding such directories.")
+        raise PlflError(
+            f"{run_dir} is not a plfl run directory (it needs config.yaml and summary.json); "
+            "pass runs/<name>/<time>/ or a folder holding such directories."
+        )
     cfg, result = OmegaConf.load(config), json.loads(summary.read_text())
     if result.get("status") != "completed":
-        raise PlflError(f"The run in {run_dir} did not complete (status {result.get('status')!r}); "
-                        "leave it out of the comparison or resume it.")
-    return RunRecord(cfg.method.name, dataset_name(cfg), cfg.federation.seed, result["best_accuracy"],
-                     result["seconds_per_round"], result["params_sent_per_round"])
+        raise PlflError(
+            f"The run in {run_dir} did not complete (status {result.get('status')!r}); "
+            "leave it out of the comparison or resume it."
+        )
+    return RunRecord(
+        cfg.method.name,
+        dataset_name(cfg),
+        cfg.federation.seed,
+        result["best_accuracy"],
+        result["seconds_per_round"],
+        result["params_sent_per_round"],
+    )
 
 
 def dataset_name(cfg) -> str:
@@ -82,8 +92,10 @@ def find_runs(paths: list[Path]) -> list[Path]:
         else:
             runs.extend(sorted(p.parent for p in path.rglob("summary.json")))
     if not runs:
-        raise PlflError(f"No run directories (with summary.json) under {', '.join(map(str, paths))}; "
-                        "pass runs/<name>/<time>/ or a folder holding such directories.")
+        raise PlflError(
+            f"No run directories (with summary.json) under {', '.join(map(str, paths))}; "
+            "pass runs/<name>/<time>/ or a folder holding such directories."
+        )
     return runs
 
 

@@ -20,15 +20,27 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from plfl.cluster import import_ray
 from plfl.errors import ConfigError, PlflError
-from plfl.fields import checked, one_of
-from plfl.methods import method_schema
+from plfl.fields import allowed, checked, one_of
+from plfl.methods import method_class
 
-DATA_SOURCES = ("digits", "mnist", "fashionmnist", "cifar10", "cifar100", "pfllib", "imagefolder", "agnews",
-                "shakespeare", "leaf")
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
 EXECUTORS = ("sequential", "vectorized", "ray")
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
+
+
+def data_sources() -> tuple[str, ...]:
+    """The ``data.source`` names: the data registry's (:data:`plfl.data.sources.SOURCES`)."""
+    from plfl.data.sources import SOURCES
+
+    return SOURCES
+
+
+def model_names() -> tuple[str, ...]:
+    """The ``model.name`` names: the model registry's (:data:`plfl.models.MODELS`)."""
+    from plfl.models import MODELS
+
+    return tuple(MODELS)
 
 
 @dataclass
@@ -43,7 +55,7 @@ class DataConfig:
             ``partition`` does not read (``beta`` with ``partition=classes``).
     """
 
-    source: str = one_of("digits", DATA_SOURCES)
+    source: str = one_of("digits", lambda: data_sources())
     # Directory of the files; relative paths resolve against the current directory.
     root: Optional[str] = None
     # Number of clients (default 20); ``pfllib`` without ``repartition`` takes it from config.json (a set value
@@ -83,54 +95,83 @@ class DataConfig:
     # client a test window after LEAF's 79-window gap. 10,000 gives 36 clients on tiny Shakespeare.
     min_chars: int = checked(10_000, lambda v: v >= 400, "an integer >= 400")
     # ``leaf``: the shape each flat x row is reshaped to, (C, H, W); required for image data ([1, 28, 28]: FEMNIST).
-    image_shape: Optional[list[int]] = checked(None, lambda v: v is None or (len(v) > 0 and min(v) >= 1),
-                                               "null or a non-empty list of integers >= 1")
+    image_shape: Optional[list[int]] = checked(
+        None, lambda v: v is None or (len(v) > 0 and min(v) >= 1), "null or a non-empty list of integers >= 1"
+    )
     # ``leaf``: the number of classes; null: the largest label of both splits + 1 (state it when classes may be absent).
     num_classes: Optional[int] = checked(None, lambda v: v is None or v >= 2, "null or an integer >= 2")
+
+    @property
+    def clients(self) -> int:
+        """How many clients a partitioned source is split over: ``num_clients``, by default 20."""
+        return DEFAULT_NUM_CLIENTS if self.num_clients is None else self.num_clients
 
     def __post_init__(self) -> None:
         # Keys that only partitioning reads, with the partitions that read them (empty: all of them).
         partition_keys = {
-            "partition": (), "test_fraction": (), "beta": ("dirichlet",), "min_samples": ("dirichlet",),
-            "max_retries": ("dirichlet",), "classes_per_client": ("pathological", "classes"),
-            "dominant_classes": ("dominant",), "dominant_fraction": ("dominant",),
+            "partition": (),
+            "test_fraction": (),
+            "beta": ("dirichlet",),
+            "min_samples": ("dirichlet",),
+            "max_retries": ("dirichlet",),
+            "classes_per_client": ("pathological", "classes"),
+            "dominant_classes": ("dominant",),
+            "dominant_fraction": ("dominant",),
         }
         # Keys that only some sources read.
-        source_keys = {"cache_dir": ("imagefolder",), "train_file": ("agnews",), "test_file": ("agnews",),
-                       "vocab_size": ("agnews", "leaf"), "max_length": ("agnews", "leaf"), "min_chars": ("shakespeare",),
-                       "image_shape": ("leaf",), "num_classes": ("leaf",)}
+        source_keys = {
+            "cache_dir": ("imagefolder",),
+            "train_file": ("agnews",),
+            "test_file": ("agnews",),
+            "vocab_size": ("agnews", "leaf"),
+            "max_length": ("agnews", "leaf"),
+            "min_chars": ("shakespeare",),
+            "image_shape": ("leaf",),
+            "num_classes": ("leaf",),
+        }
         for f in dataclasses.fields(self):
             readers = source_keys.get(f.name)
             if readers and self.source not in readers and getattr(self, f.name) != f.default:
-                raise ConfigError(f"data.{f.name}={getattr(self, f.name)} is read only by data.source="
-                                  f"{' or '.join(readers)}, not by data.source={self.source}. Remove data.{f.name}.")
+                raise ConfigError(
+                    f"data.{f.name}={getattr(self, f.name)} is read only by data.source="
+                    f"{' or '.join(readers)}, not by data.source={self.source}. Remove data.{f.name}."
+                )
         if self.repartition and self.source != "pfllib":
-            raise ConfigError(f"data.repartition=true applies only to data.source=pfllib; data.source={self.source} "
-                              "is always partitioned by data.partition. Remove data.repartition.")
-        changed = [f.name for f in dataclasses.fields(self)
-                   if f.name in partition_keys and getattr(self, f.name) != f.default]
+            raise ConfigError(
+                f"data.repartition=true applies only to data.source=pfllib; data.source={self.source} "
+                "is always partitioned by data.partition. Remove data.repartition."
+            )
+        changed = [
+            f.name for f in dataclasses.fields(self) if f.name in partition_keys and getattr(self, f.name) != f.default
+        ]
         if self.source == "leaf" and changed:
             key = changed[0]
-            raise ConfigError(f"data.{key}={getattr(self, key)} has no effect: data.source=leaf keeps the users (one "
-                              f"client each) and train/test splits of its files. Remove data.{key}.")
+            raise ConfigError(
+                f"data.{key}={getattr(self, key)} has no effect: data.source=leaf keeps the users (one "
+                f"client each) and train/test splits of its files. Remove data.{key}."
+            )
         if self.source == "pfllib" and not self.repartition and changed:
             key = changed[0]
-            raise ConfigError(f"data.{key}={getattr(self, key)} has no effect: data.source=pfllib keeps the clients "
-                              "and train/test splits of its files. Set data.repartition=true to pool and re-partition "
-                              f"them, or remove data.{key}.")
+            raise ConfigError(
+                f"data.{key}={getattr(self, key)} has no effect: data.source=pfllib keeps the clients "
+                "and train/test splits of its files. Set data.repartition=true to pool and re-partition "
+                f"them, or remove data.{key}."
+            )
         for key in changed:
             readers = partition_keys[key]
             if readers and self.partition not in readers:
-                raise ConfigError(f"data.{key}={getattr(self, key)} is read only by data.partition="
-                                  f"{' or '.join(readers)}, not by data.partition={self.partition}. Remove "
-                                  f"data.{key} or set data.partition={readers[0]}.")
+                raise ConfigError(
+                    f"data.{key}={getattr(self, key)} is read only by data.partition="
+                    f"{' or '.join(readers)}, not by data.partition={self.partition}. Remove "
+                    f"data.{key} or set data.partition={readers[0]}."
+                )
 
 
 @dataclass
 class ModelConfig:
     """The network (``model.*``); input shape and class count come from the data."""
 
-    name: str = one_of("mlp", ("cnn", "mlp", "resnet18", "lenet5", "fasttext", "transformer", "lstm"))
+    name: str = one_of("mlp", lambda: model_names())
     # MLP only: widths of the hidden layers.
     hidden_sizes: list[int] = field(default_factory=lambda: [200])
     # CNN, LeNet-5 and MLP: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them.
@@ -146,18 +187,31 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         # Keys that only some models read.
-        model_keys = {"embedding_dim": ("fasttext", "transformer", "lstm"), "num_layers": ("transformer",),
-                      "num_heads": ("transformer",), "hidden_dim": ("lstm",), "batch_norm": ("cnn", "lenet5", "mlp")}
+        model_keys = {
+            "embedding_dim": ("fasttext", "transformer", "lstm"),
+            "num_layers": ("transformer",),
+            "num_heads": ("transformer",),
+            "hidden_dim": ("lstm",),
+            "batch_norm": ("cnn", "lenet5", "mlp"),
+        }
         for f in dataclasses.fields(self):
             readers = model_keys.get(f.name)
             if readers and self.name not in readers and getattr(self, f.name) != f.default:
-                always = "; resnet18 always has BatchNorm layers" if (f.name, self.name) == ("batch_norm", "resnet18") else ""
-                raise ConfigError(f"model.{f.name}={getattr(self, f.name)} is read only by model.name="
-                                  f"{' or '.join(readers)}, not by model.name={self.name}{always}. Remove model.{f.name}.")
+                always = (
+                    "; resnet18 always has BatchNorm layers"
+                    if (f.name, self.name) == ("batch_norm", "resnet18")
+                    else ""
+                )
+                raise ConfigError(
+                    f"model.{f.name}={getattr(self, f.name)} is read only by model.name="
+                    f"{' or '.join(readers)}, not by model.name={self.name}{always}. Remove model.{f.name}."
+                )
         if self.name == "transformer" and self.embedding_dim and self.embedding_dim % self.num_heads:
-            raise ConfigError(f"model.embedding_dim={self.embedding_dim} is not a multiple of model.num_heads="
-                              f"{self.num_heads}: each attention head takes an equal share of the embedding. "
-                              "Change one of them.")
+            raise ConfigError(
+                f"model.embedding_dim={self.embedding_dim} is not a multiple of model.num_heads="
+                f"{self.num_heads}: each attention head takes an equal share of the embedding. "
+                "Change one of them."
+            )
 
 
 @dataclass
@@ -193,13 +247,17 @@ class FederationConfig:
 
     def __post_init__(self) -> None:
         if not self.cuda_graphs and self.executor != "vectorized":
-            raise ConfigError(f"federation.cuda_graphs=false is read only by federation.executor=vectorized, not by "
-                              f"federation.executor={self.executor}. Remove federation.cuda_graphs or set "
-                              "federation.executor=vectorized.")
+            raise ConfigError(
+                f"federation.cuda_graphs=false is read only by federation.executor=vectorized, not by "
+                f"federation.executor={self.executor}. Remove federation.cuda_graphs or set "
+                "federation.executor=vectorized."
+            )
         if self.cohort_size is not None and self.executor != "vectorized":
-            raise ConfigError(f"federation.cohort_size={self.cohort_size} is read only by federation.executor="
-                              f"vectorized, not by federation.executor={self.executor}. Remove federation.cohort_size "
-                              "or set federation.executor=vectorized.")
+            raise ConfigError(
+                f"federation.cohort_size={self.cohort_size} is read only by federation.executor="
+                f"vectorized, not by federation.executor={self.executor}. Remove federation.cohort_size "
+                "or set federation.executor=vectorized."
+            )
 
 
 @dataclass
@@ -262,15 +320,22 @@ class ExperimentConfig:
         changed = [f.name for f in dataclasses.fields(self.ray) if getattr(self.ray, f.name) != f.default]
         if changed and self.federation.executor != "ray":
             key = changed[0]
-            raise ConfigError(f"ray.{key}={getattr(self.ray, key)} is read only by federation.executor=ray, not by "
-                              f"federation.executor={self.federation.executor}. Remove ray.{key} or set "
-                              "federation.executor=ray.")
+            raise ConfigError(
+                f"ray.{key}={getattr(self.ray, key)} is read only by federation.executor=ray, not by "
+                f"federation.executor={self.federation.executor}. Remove ray.{key} or set "
+                "federation.executor=ray."
+            )
         if self.federation.executor == "ray":
             import_ray("federation.executor=ray")  # not installed: the install command, before anything runs
-        if (self.federation.executor == "ray" and self.trainer.accelerator in ("gpu", "cuda")
-                and not self.ray.num_gpus_per_actor):
-            raise ConfigError(f"trainer.accelerator={self.trainer.accelerator} with federation.executor=ray needs "
-                              "GPUs for the actors: set ray.num_gpus_per_actor (e.g. 0.5 for two actors per GPU).")
+        if (
+            self.federation.executor == "ray"
+            and self.trainer.accelerator in ("gpu", "cuda")
+            and not self.ray.num_gpus_per_actor
+        ):
+            raise ConfigError(
+                f"trainer.accelerator={self.trainer.accelerator} with federation.executor=ray needs "
+                "GPUs for the actors: set ray.num_gpus_per_actor (e.g. 0.5 for two actors per GPU)."
+            )
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfig:
@@ -306,7 +371,7 @@ def validate(raw: DictConfig) -> DictConfig:
         ConfigError: see :func:`load_config`.
     """
     method_raw = _merge(OmegaConf.create({"name": "fedavg"}), raw.pop("method", None) or {})
-    method = OmegaConf.structured(method_schema(str(method_raw.name)))
+    method = OmegaConf.structured(method_class(str(method_raw.name)).config_class)
     # A misplaced method key (``s=40``) is suggested under ``method.``.
     cfg = _merge(OmegaConf.structured(ExperimentConfig), raw, elsewhere=_dotted_keys(method, "method."))
     cfg.method = _merge(method, method_raw, prefix="method.")
@@ -333,14 +398,18 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> DictConfig:
     """
     path = run_dir / "config.yaml"
     if not path.is_file():
-        raise PlflError(f"{run_dir} is not a plfl run directory (it has no config.yaml); pass the "
-                        "runs/<name>/<time>/ directory that plfl fit printed.")
+        raise PlflError(
+            f"{run_dir} is not a plfl run directory (it has no config.yaml); pass the "
+            "runs/<name>/<time>/ directory that plfl fit printed."
+        )
     saved = load_config(path)
     cfg = load_config(path, overrides)
     for key in ("data", "model", "method.name"):
         if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
-            raise ConfigError(f"--resume cannot change {key}: the checkpoint holds state for the saved "
-                              f"{key}. Start a new run with plfl fit --config {path} {' '.join(overrides)}.")
+            raise ConfigError(
+                f"--resume cannot change {key}: the checkpoint holds state for the saved "
+                f"{key}. Start a new run with plfl fit --config {path} {' '.join(overrides)}."
+            )
     return cfg
 
 
@@ -403,7 +472,7 @@ def _unknown_key_message(schema: DictConfig, key: str, prefix: str, elsewhere: t
         close = [f"'{leaves[name]}'" for name in difflib.get_close_matches(leaf, list(leaves), n=3)]
     hint = f" Did you mean {' or '.join(close)}?" if close else ""
     where = f"section '{section.rstrip('.')}'" if section else "the top level"
-    return (f"Unknown config key '{prefix}{key}'.{hint} Valid keys in {where}: {', '.join(valid)}.")
+    return f"Unknown config key '{prefix}{key}'.{hint} Valid keys in {where}: {', '.join(valid)}."
 
 
 def _expected_type(schema: DictConfig, key: str) -> str:
@@ -421,6 +490,6 @@ def _check_ranges(obj: Any, prefix: str) -> None:
         key = f"{prefix}.{f.name}" if prefix else f.name
         check = f.metadata.get("check")
         if check is not None and not check(value):
-            raise ConfigError(f"Config key '{key}' must be {f.metadata['allowed']}; got {value!r}.")
+            raise ConfigError(f"Config key '{key}' must be {allowed(f)}; got {value!r}.")
         if dataclasses.is_dataclass(value):
             _check_ranges(value, key)

@@ -12,11 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, WandbRun
 from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
-from plfl.client import ClientModule, LocalTrainer, build_trainer
-from plfl.config import FederationConfig
-from plfl.data import FederatedData, load_federated_data
-from plfl.data.augment import random_crop_flip
-from plfl.errors import ConfigError, PlflError
+from plfl.config import ExperimentConfig
+from plfl.data import load_federated_data
+from plfl.errors import PlflError
 from plfl.executors import build_executor
 from plfl.federation import FederationLoop
 from plfl.methods import method_class
@@ -49,30 +47,30 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
     """
     checkpoint = load_latest_checkpoint(resume / "checkpoints")[1] if resume else None
     if checkpoint is not None and checkpoint["round"] >= cfg.federation.rounds:
-        raise PlflError(f"{resume} already finished round {checkpoint['round']} of federation.rounds="
-                        f"{cfg.federation.rounds}; to train longer, pass federation.rounds=N with N larger.")
-    federation: FederationConfig = OmegaConf.to_object(cfg.federation)
-    L.seed_everything(federation.seed, verbose=False)
-    data = load_federated_data(OmegaConf.to_object(cfg.data), federation.seed)
-    model = build_model(input_shape=data.input_shape, num_classes=data.num_classes, vocab_size=data.vocab_size,
-                        **OmegaConf.to_container(cfg.model))
+        raise PlflError(
+            f"{resume} already finished round {checkpoint['round']} of federation.rounds="
+            f"{cfg.federation.rounds}; to train longer, pass federation.rounds=N with N larger."
+        )
+    config: ExperimentConfig = OmegaConf.to_object(cfg)
+    L.seed_everything(config.federation.seed, verbose=False)
+    data = load_federated_data(config.data, config.federation.seed)
+    model = build_model(
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
+        vocab_size=data.vocab_size,
+        **OmegaConf.to_container(cfg.model),
+    )
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-    module = ClientModule(model, data.num_classes, federation.lr, federation.momentum,
-                          train_transform=image_augmentation(cfg.data.augment, data))
-    local_trainer = LocalTrainer(module, build_trainer(**cfg.trainer), federation.batch_size)
-    context = FederationContext(data, ClientStateStore(len(data.clients)), model, local_trainer, federation)
-    method_cls = method_class(cfg.method.name)
-    method = method_cls(OmegaConf.to_object(cfg.method), context, initial_params)
-    executor = build_executor(federation, data, local_trainer, cfg.trainer.accelerator, cfg.trainer.precision,
-                              OmegaConf.to_object(cfg.ray))
+    context = FederationContext(data, ClientStateStore(len(data.clients)), config, model)
+    method = method_class(config.method.name)(config.method, context, initial_params)
+    executor = build_executor(config, data, model)
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or new_run_dir(Path(cfg.output_dir) / cfg.name)
         write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
-        if federation.state_offload:
+        if config.federation.state_offload:
             context.store.offload(run_dir / "client-state")
-        loop = FederationLoop(method, context, [], run, executor)
+        loop = FederationLoop(method, context, executor, [], run)
         if checkpoint is not None:
             loop.load_state_dict(checkpoint)
             del checkpoint  # with state_offload, its copy of the store would stay in memory all run
@@ -81,20 +79,6 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
     finally:
         context.store.close()  # the offload files: the checkpoints hold what a resumed run needs
         executor.close()
-
-
-def image_augmentation(augment: bool, data: FederatedData) -> Optional[Callable]:
-    """The training batch transform ``data.augment`` asks for (None: none).
-
-    Raises:
-        ConfigError: ``augment`` is set for data that are not images (C, H, W).
-    """
-    if not augment:
-        return None
-    if len(data.input_shape) != 3 or data.vocab_size is not None:
-        raise ConfigError(f"data.augment=true crops and flips images (C, H, W), but data.source={data.name} "
-                          f"gives inputs of shape {data.input_shape}. Remove data.augment.")
-    return random_crop_flip
 
 
 def build_callbacks(cfg: DictConfig, state: Callable[[], dict[str, Any]]) -> list[FederationCallback]:

@@ -17,7 +17,10 @@ continue a run after its last finished round.
 
 The per-client work of each phase (training with ``post_train``, the
 broadcast's ``pre_local_init``, evaluation) goes through one executor
-(:mod:`plfl.executors`); the loop keeps the books and the store.
+(:mod:`plfl.executors`); the loop keeps the books and the store. The server's
+message to a client is computed once per round, at the broadcast
+(``server_message``); the loop keeps it for the clients that train in the
+next round and hands it to their ``local_train``.
 """
 
 from __future__ import annotations
@@ -28,40 +31,39 @@ import warnings
 from typing import Any, Optional
 
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
-from plfl.client import TrainResult
 from plfl.errors import FederationError, PlflError, PlflWarning
-from plfl.executors import Executor, SequentialExecutor
-from plfl.executors.base import drive, resolved
-from plfl.executors.tasks import ClientFailure, EvalTask, Trains, checked, non_finite
+from plfl.executors import Executor, drive, resolved
 from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics
 from plfl.seeding import clients_per_round, global_rng_state, sample_clients, set_global_rng_state
+from plfl.state import Params
+from plfl.tasks import ClientFailure, EvalTask, TrainResult, Trains, checked, non_finite
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 
 
 class FederationLoop:
     """Runs ``rounds`` rounds of ``method`` over the clients in ``context``; the clients' training,
-    local initialisation and evaluation go through ``executor`` (default: sequential on the context's
-    LocalTrainer)."""
+    local initialisation and evaluation go through ``executor``."""
 
     def __init__(
         self,
         method: Method,
         context: FederationContext,
+        executor: Executor,
         callbacks: list[FederationCallback],
         run: RunInfo,
-        executor: Optional[Executor] = None,
     ):
         self.method = method
         self.context = context
-        self.executor = executor or SequentialExecutor(context.data, context.local_trainer)
+        self.executor = executor
         self.callbacks = callbacks
         self.run_info = run
         self.federation = context.federation
         self.history: list[RoundResult] = []
         self.best: Optional[tuple[float, int]] = None  # (accuracy, round)
         self.failures: list[dict[str, Any]] = []  # {round, client, reason} of every client left out
+        self.received: dict[int, Optional[Params]] = {}  # the last broadcast's messages to the next round's clients
 
     @property
     def num_clients(self) -> int:
@@ -77,7 +79,8 @@ class FederationLoop:
         Raises:
             FederationError: a round with too many failed clients, or a non-finite global model.
         """
-        self._emit("on_fit_start", dataclasses.replace(self.run_info, history=list(self.history)))
+        self.run_info = dataclasses.replace(self.run_info, history=list(self.history))
+        self._emit("on_fit_start")
         start = self.history[-1].round + 1 if self.history else 0
         try:
             for round_ in range(start, self.federation.rounds + 1):
@@ -104,7 +107,7 @@ class FederationLoop:
         if round_ % self.federation.eval_every == 0 or round_ == self.federation.rounds:
             evaluated, clients = self._evaluate(round_)
             row.update(evaluated)
-        row.update(self.method.round_metrics())
+        row.update(self.method.round_metrics(round_))
         if self.best is not None:
             row["best_accuracy"], row["best_round"] = self.best
         row["seconds"] = time.perf_counter() - start
@@ -122,9 +125,10 @@ class FederationLoop:
                 failed.append({"round": round_, "client": client_id, "reason": result.reason})
                 continue
             store.set(client_id, "model", result.params)
-            messages[client_id] = method.client_message(client_id, result)
-            loss_sum += result.loss * result.samples_seen
-            samples += result.samples_seen
+            messages[client_id] = method.client_message(client_id, result, round_)
+            if result.samples_seen:
+                loss_sum += result.loss * result.samples_seen
+                samples += result.samples_seen
             self._emit("on_client_end", round_, client_id, result)
         self._check_failures(round_, len(sampled), failed)
         method.aggregate(messages, round_)
@@ -133,7 +137,8 @@ class FederationLoop:
             raise FederationError(
                 f"Round {round_}: the global model holds NaN or Inf in {bad!r} after aggregation: the federation "
                 f"diverged. Lower federation.lr (now {self.federation.lr}) and start again, or continue from the "
-                "last good checkpoint with plfl fit --resume RUN_DIR federation.lr=...")
+                "last good checkpoint with plfl fit --resume RUN_DIR federation.lr=..."
+            )
         return {
             "train_loss": loss_sum / samples if samples else float("nan"),
             "failed_clients": len(failed),
@@ -142,9 +147,11 @@ class FederationLoop:
         }
 
     def _client_update(self, client_id: int, round_: int) -> Trains[TrainResult]:
-        """The client's local training and post-training step, as one hook for :func:`drive`."""
+        """The client's local training (from its model and the message it received) and post-training step,
+        as one hook for :func:`drive`."""
         method = self.method
-        result = yield from resolved(method.local_train(client_id, self.context.store.get(client_id, "model"), round_))
+        model, message = self.context.store.get(client_id, "model"), self.received.get(client_id)
+        result = yield from resolved(method.local_train(client_id, model, message, round_))
         return (yield from resolved(method.post_train(client_id, result, round_)))
 
     def _check_failures(self, round_: int, sampled: int, failed: list[dict[str, Any]]) -> None:
@@ -154,8 +161,10 @@ class FederationLoop:
             FederationError: more than ``max_failed_clients`` failed, or all of them.
         """
         for f in failed:
-            warnings.warn(PlflWarning(f"Round {round_}: client {f['client']} is left out of the aggregation: "
-                                      f"{f['reason']}."), stacklevel=2)
+            warnings.warn(
+                PlflWarning(f"Round {round_}: client {f['client']} is left out of the aggregation: {f['reason']}."),
+                stacklevel=2,
+            )
         self.failures.extend(failed)
         limit = self.federation.max_failed_clients
         if len(failed) == sampled or (limit is not None and len(failed) > limit):
@@ -169,24 +178,33 @@ class FederationLoop:
             )
 
     def _broadcast(self, round_: int) -> dict[str, int]:
-        """Every client receives the server's message and initialises its model; returns what was sent.
+        """Every client receives the server's message and initialises its model; the messages of the clients
+        that train in the next round are kept for their training. Returns what was sent.
 
         Raises:
             FederationError: a client's local initialisation trained and failed.
         """
         params, size = 0, 0
+        trains_next = set(
+            sample_clients(self.federation.seed, round_ + 1, self.num_clients, self.federation.join_ratio)
+        )
+        self.received = {}
         for group in self._groups():
             hooks = []
             for client_id in group:
-                message = self.method.server_message(client_id)
+                message = self.method.server_message(client_id, round_)
                 params, size = params + numel(message), size + nbytes(message)
+                if client_id in trains_next:
+                    self.received[client_id] = message
                 hooks.append(resolved(self.method.pre_local_init(client_id, message, round_)))
             for client_id, model in zip(group, drive(hooks, self.executor)):
                 if isinstance(model, ClientFailure):
-                    raise FederationError(f"Round {round_}: client {client_id}'s local initialisation "
-                                          f"(pre_local_init) failed: {model.reason}. Fix the cause (e.g. lower "
-                                          "federation.lr if training diverged) and continue with plfl fit --resume "
-                                          "RUN_DIR [federation.lr=...].")
+                    raise FederationError(
+                        f"Round {round_}: client {client_id}'s local initialisation "
+                        f"(pre_local_init) failed: {model.reason}. Fix the cause (e.g. lower "
+                        "federation.lr if training diverged) and continue with plfl fit --resume "
+                        "RUN_DIR [federation.lr=...]."
+                    )
                 self.context.store.set(client_id, "model", model)
         return {"params_sent": params, "bytes_sent": size}
 
@@ -205,15 +223,21 @@ class FederationLoop:
             evaluated = self.executor.evaluate([EvalTask(i, self.context.store.get(i, "model")) for i in group])
             results.update(zip(group, evaluated))
         metrics = federation_metrics(results)
-        global_model = self.method.global_model()
+        global_model = self.method.global_model(round_)
         if global_model is not None:
             (evaluated,) = self.executor.evaluate([EvalTask(None, global_model)])
             metrics.update(global_accuracy=evaluated.accuracy, global_test_loss=evaluated.loss)
         if self.best is None or metrics["accuracy"] > self.best[0]:
             self.best = (metrics["accuracy"], round_)
         rows = [
-            {"round": round_, "client": i, "num_test": r.total, "correct": r.correct,
-             "accuracy": r.accuracy, "test_loss": r.loss}
+            {
+                "round": round_,
+                "client": i,
+                "num_test": r.total,
+                "correct": r.correct,
+                "accuracy": r.accuracy,
+                "test_loss": r.loss,
+            }
             for i, r in results.items()
         ]
         return metrics, rows
@@ -226,7 +250,10 @@ class FederationLoop:
         """
         trained = [r.metrics for r in self.history if r.round > 0] or [r.metrics for r in self.history]
         evaluated = [r.metrics for r in self.history if "accuracy" in r.metrics]
-        mean = lambda key: sum(m.get(key, 0) for m in trained) / len(trained) if trained else None  # noqa: E731
+
+        def mean(key: str) -> Optional[float]:
+            return sum(m.get(key, 0) for m in trained) / len(trained) if trained else None
+
         return {
             "status": status,
             "method": self.method.name,
@@ -257,6 +284,7 @@ class FederationLoop:
             "failures": self.failures,
             "method": self.method.state_dict(),
             "store": self.context.store.state_dict(),
+            "received": self.received,
             "rng": global_rng_state(),
         }
 
@@ -267,16 +295,19 @@ class FederationLoop:
             PlflError: ``state`` was saved in another format.
         """
         if state.get("format") != CHECKPOINT_FORMAT:
-            raise PlflError(f"The checkpoint has format {state.get('format')!r}; this plfl reads format "
-                            f"{CHECKPOINT_FORMAT}. Resume it with the plfl version that wrote it.")
+            raise PlflError(
+                f"The checkpoint has format {state.get('format')!r}; this plfl reads format "
+                f"{CHECKPOINT_FORMAT}. Resume it with the plfl version that wrote it."
+            )
         self.history = [RoundResult(**r) for r in state["history"]]
         self.best = state["best"]
         self.failures = state["failures"]
         self.method.load_state_dict(state["method"])
         self.context.store.load_state_dict(state["store"])
+        self.received = state["received"]
         set_global_rng_state(state["rng"])
 
     def _emit(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` of every callback with the run and ``args``."""
         for callback in self.callbacks:
-            getattr(callback, hook)(*args)
-
+            getattr(callback, hook)(self.run_info, *args)

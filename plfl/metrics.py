@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from plfl.client import EvalResult
+from plfl.tasks import EvalResult
 
 WORST_FRACTION = 0.1
 

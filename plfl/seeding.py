@@ -51,8 +51,13 @@ def global_rng_state() -> dict[str, Any]:
     numpy_state = np.random.get_state(legacy=False)
     state = {
         "python": random.getstate(),
-        "numpy": {**numpy_state, "state": {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-                                           "pos": numpy_state["state"]["pos"]}},
+        "numpy": {
+            **numpy_state,
+            "state": {
+                "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                "pos": numpy_state["state"]["pos"],
+            },
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -64,8 +69,12 @@ def set_global_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`global_rng_state` captured."""
     random.setstate(state["python"])
     numpy_state = state["numpy"]
-    np.random.set_state({**numpy_state, "state": {"key": numpy_state["state"]["key"].numpy().astype(np.uint32),
-                                                  "pos": numpy_state["state"]["pos"]}})
+    np.random.set_state(
+        {
+            **numpy_state,
+            "state": {"key": numpy_state["state"]["key"].numpy().astype(np.uint32), "pos": numpy_state["state"]["pos"]},
+        }
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

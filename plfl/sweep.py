@@ -77,8 +77,17 @@ class SweepResult:
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat row per trial: trial, parameters, metrics, status, run_dir, error."""
-        return [{"trial": t["trial"], **t["parameters"], **t["metrics"], "status": t["status"],
-                 "run_dir": t["run_dir"], "error": t["error"]} for t in self.trials]
+        return [
+            {
+                "trial": t["trial"],
+                **t["parameters"],
+                **t["metrics"],
+                "status": t["status"],
+                "run_dir": t["run_dir"],
+                "error": t["error"],
+            }
+            for t in self.trials
+        ]
 
     def best(self) -> Optional[dict[str, Any]]:
         """The completed trial with the best value of the sweep's metric (None without one)."""
@@ -118,11 +127,14 @@ def load_sweep(path: str | Path) -> Sweep:
     except ValueError as e:  # a parameter that is not a mapping
         violations = [str(e)]
     if violations:
-        raise ConfigError(f"{path} is not a valid W&B sweep file: {'; '.join(violations)}. "
-                          "See https://docs.wandb.ai/guides/sweeps/sweep-config-keys.")
+        raise ConfigError(
+            f"{path} is not a valid W&B sweep file: {'; '.join(violations)}. "
+            "See https://docs.wandb.ai/guides/sweeps/sweep-config-keys."
+        )
     if data["method"] not in SEARCH_METHODS:
-        raise ConfigError(f"{path}: method {data['method']!r} needs W&B's server; "
-                          f"plfl sweep runs {', '.join(SEARCH_METHODS)}.")
+        raise ConfigError(
+            f"{path}: method {data['method']!r} needs W&B's server; plfl sweep runs {', '.join(SEARCH_METHODS)}."
+        )
     if data["method"] == "bayes" and "metric" not in data:
         raise ConfigError(f"{path}: bayes search needs a metric, e.g. metric: {{name: best_accuracy, goal: maximize}}.")
     config_path, overrides = parse_command(data, path)
@@ -144,12 +156,11 @@ def parse_command(search: dict[str, Any], path: Path) -> tuple[str, list[str]]:
         raise ConfigError(f"{path} has no command; plfl sweep reads the config from one like {EXAMPLE_COMMAND}")
     macros = {"${env}": "/usr/bin/env", "${interpreter}": "python", "${program}": str(search.get("program"))}
     envvar = re.compile(r"\$\{envvar:([A-Z0-9_]*)\}")
-    tokens = [macros.get(t, envvar.sub(lambda m: os.environ.get(m.group(1), m.group(1)), t))
-              for t in map(str, command)]
-    if "fit" not in tokens or not any("plfl" in t for t in tokens[:tokens.index("fit")]):
+    tokens = [macros.get(t, envvar.sub(lambda m: os.environ.get(m.group(1), m.group(1)), t)) for t in map(str, command)]
+    if "fit" not in tokens or not any("plfl" in t for t in tokens[: tokens.index("fit")]):
         raise ConfigError(f"{path}: the command {' '.join(tokens)} does not run plfl fit; write {EXAMPLE_COMMAND}")
     config_path, overrides, passes_parameters = None, [], False
-    rest = iter(tokens[tokens.index("fit") + 1:])
+    rest = iter(tokens[tokens.index("fit") + 1 :])
     for token in rest:
         if token in ("--config", "-c"):
             config_path = next(rest, None)
@@ -160,18 +171,28 @@ def parse_command(search: dict[str, Any], path: Path) -> tuple[str, list[str]]:
         elif "=" in token and not token.startswith(("-", "$")):
             overrides.append(token)
         else:
-            raise ConfigError(f"{path}: command argument {token!r} is not --config, a key=value override or "
-                              "${args_no_hyphens}; plfl fit takes parameters as key=value (use ${args_no_hyphens}).")
+            raise ConfigError(
+                f"{path}: command argument {token!r} is not --config, a key=value override or "
+                "${args_no_hyphens}; plfl fit takes parameters as key=value (use ${args_no_hyphens})."
+            )
     if config_path is None:
         raise ConfigError(f"{path}: the command has no --config; write {EXAMPLE_COMMAND}")
     if not passes_parameters:
-        raise ConfigError(f"{path}: the command lacks ${{args_no_hyphens}}, so wandb agent would not pass the "
-                          f"parameters; write {EXAMPLE_COMMAND}")
+        raise ConfigError(
+            f"{path}: the command lacks ${{args_no_hyphens}}, so wandb agent would not pass the "
+            f"parameters; write {EXAMPLE_COMMAND}"
+        )
     return config_path, overrides
 
 
-def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] = None,
-              retry_failed: bool = False, echo: Callable[[str], None] = print, parallel: int = 1) -> SweepResult:
+def run_sweep(
+    path: str | Path,
+    overrides: list[str] = (),
+    count: Optional[int] = None,
+    retry_failed: bool = False,
+    echo: Callable[[str], None] = print,
+    parallel: int = 1,
+) -> SweepResult:
     """Run the sweep's remaining trials and write the sweep directory after each one.
 
     Args:
@@ -205,25 +226,38 @@ def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] 
         raise ConfigError(f"--parallel must be >= 1; got {parallel}.")
     ray = import_ray("plfl sweep --parallel") if parallel > 1 else None
     if count is None and sweep.search["method"] != "grid":
-        raise ConfigError(f"{sweep.path}: a {sweep.search['method']} search never ends by itself; "
-                          "pass --count N or set run_cap in the file.")
+        raise ConfigError(
+            f"{sweep.path}: a {sweep.search['method']} search never ends by itself; "
+            "pass --count N or set run_cap in the file."
+        )
     fixed = sweep.overrides + _set_constant_parameters(sweep, list(overrides))
     for override in fixed:
         if override.split("=", 1)[0].strip() in sweep.search["parameters"]:
-            raise ConfigError(f"{override!r} sets a parameter that {sweep.path} sweeps; remove it from the "
-                              "command line or from the file's command.")
+            raise ConfigError(
+                f"{override!r} sets a parameter that {sweep.path} sweeps; remove it from the "
+                "command line or from the file's command."
+            )
     if not Path(sweep.config_path).is_file():
-        raise ConfigError(f"{sweep.path}: the command's config {sweep.config_path} does not exist; relative paths "
-                          "start at the current directory, as for wandb agent (run from the repository root).")
+        raise ConfigError(
+            f"{sweep.path}: the command's config {sweep.config_path} does not exist; relative paths "
+            "start at the current directory, as for wandb agent (run from the repository root)."
+        )
     base = load_config(sweep.config_path, fixed)
     _check_parameter_values(sweep, fixed)
     if ray is not None and base.federation.executor == "ray":
-        raise ConfigError("plfl sweep --parallel runs each trial as one Ray task, so its trials cannot start Ray "
-                          "actors of their own: drop --parallel or use another federation.executor.")
+        raise ConfigError(
+            "plfl sweep --parallel runs each trial as one Ray task, so its trials cannot start Ray "
+            "actors of their own: drop --parallel or use another federation.executor."
+        )
 
     sweep_dir = Path(base.output_dir) / "sweeps" / sweep.path.stem
-    identity = _normalized({"config": sweep.config_path, "overrides": fixed,
-                            **{k: sweep.search.get(k) for k in ("method", "metric", "parameters")}})
+    identity = _normalized(
+        {
+            "config": sweep.config_path,
+            "overrides": fixed,
+            **{k: sweep.search.get(k) for k in ("method", "metric", "parameters")},
+        }
+    )
     trials = _load_trials(sweep_dir, identity)
     if retry_failed:
         trials = [t for t in trials if t["status"] != "failed"]
@@ -245,9 +279,11 @@ def run_sweep(path: str | Path, overrides: list[str] = (), count: Optional[int] 
             _save(sweep_dir, identity, SweepResult(sweep, sweep_dir, trials))
             if trial["status"] == "completed":
                 m = trial["metrics"]
-                echo(f"Trial {number}: best accuracy {100 * m['best_accuracy']:.2f} %, final "
-                     f"{100 * m['final_accuracy']:.2f} %, {m['seconds_per_round']:.2f} s per round, "
-                     f"{trial['run_dir']}")
+                echo(
+                    f"Trial {number}: best accuracy {100 * m['best_accuracy']:.2f} %, final "
+                    f"{100 * m['final_accuracy']:.2f} %, {m['seconds_per_round']:.2f} s per round, "
+                    f"{trial['run_dir']}"
+                )
             else:
                 echo(f"Trial {number} failed: {trial['error']}")
     finally:
@@ -371,22 +407,35 @@ def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> 
         return _failed(sweep, run_dir, f"{type(e).__name__}: {e}")
     if sweep.metric is not None and sweep.metric not in summary:
         numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
-        raise ConfigError(f"{sweep.path}: metric {sweep.metric!r} is not in summary.json ({run_dir}); "
-                          f"use one of {', '.join(numeric)}.")
-    return {"status": "completed", "metrics": {k: summary.get(k) for k in names}, "run_dir": str(run_dir),
-            "error": None}
+        raise ConfigError(
+            f"{sweep.path}: metric {sweep.metric!r} is not in summary.json ({run_dir}); "
+            f"use one of {', '.join(numeric)}."
+        )
+    return {
+        "status": "completed",
+        "metrics": {k: summary.get(k) for k in names},
+        "run_dir": str(run_dir),
+        "error": None,
+    }
 
 
-def _propose(sweep: Sweep, trials: list[dict[str, Any]], running: list[dict[str, Any]] = ()) \
-        -> Optional[dict[str, Any]]:
+def _propose(
+    sweep: Sweep, trials: list[dict[str, Any]], running: list[dict[str, Any]] = ()
+) -> Optional[dict[str, Any]]:
     """The engine's next parameters given the recorded trials and the parameters of the running ones (a grid
     skips them, bayes treats them as pending); None when a grid is exhausted."""
-    runs = [SweepRun(config={k: {"value": v} for k, v in t["parameters"].items()},
-                     state=RunState.finished if t["status"] == "completed" else RunState.failed,
-                     summary_metrics={k: v for k, v in t["metrics"].items() if v is not None})
-            for t in trials]
-    runs += [SweepRun(config={k: {"value": v} for k, v in parameters.items()}, state=RunState.running)
-             for parameters in running]
+    runs = [
+        SweepRun(
+            config={k: {"value": v} for k, v in t["parameters"].items()},
+            state=RunState.finished if t["status"] == "completed" else RunState.failed,
+            summary_metrics={k: v for k, v in t["metrics"].items() if v is not None},
+        )
+        for t in trials
+    ]
+    runs += [
+        SweepRun(config={k: {"value": v} for k, v in parameters.items()}, state=RunState.running)
+        for parameters in running
+    ]
     try:
         with warnings.catch_warnings():
             # The Gaussian process of bayes search warns on its fits; its proposals are what count here.
@@ -409,8 +458,9 @@ def _check_parameter_values(sweep: Sweep, fixed: list[str]) -> None:
             try:
                 load_config(sweep.config_path, fixed + [_arg(name, value)])
             except ConfigError as e:
-                raise ConfigError(f"{sweep.path}: parameter {name} = {value!r} does not give a valid config: {e}") \
-                    from None
+                raise ConfigError(
+                    f"{sweep.path}: parameter {name} = {value!r} does not give a valid config: {e}"
+                ) from None
 
 
 def _arg(name: str, value: Any) -> str:
@@ -443,8 +493,10 @@ def _load_trials(sweep_dir: Path, identity: dict[str, Any]) -> list[dict[str, An
         raise ConfigError(f"{state_file} is not valid JSON ({e}); delete it to start the sweep over.") from None
     if state.get("sweep") != identity:
         changed = [k for k in identity if state.get("sweep", {}).get(k) != identity[k]]
-        raise ConfigError(f"{sweep_dir} holds trials of a different sweep (changed: {', '.join(changed)}). "
-                          "Delete that directory to start over, or pass output_dir=... to keep both.")
+        raise ConfigError(
+            f"{sweep_dir} holds trials of a different sweep (changed: {', '.join(changed)}). "
+            "Delete that directory to start over, or pass output_dir=... to keep both."
+        )
     return state["trials"]
 
 

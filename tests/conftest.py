@@ -1,13 +1,24 @@
-"""Shared fixtures: tiny in-memory federations and paths to the shared real data."""
+"""Shared fixtures and helpers: tiny in-memory federations, contexts and executors for method hooks, and paths
+to the shared real data."""
 
+import csv
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from torch import nn
 
-from plfl.config import validate
+from plfl.callbacks import RunInfo
+from plfl.config import ExperimentConfig, FederationConfig, validate
 from plfl.data import ClientData, FederatedData
+from plfl.executors import Executor, SequentialExecutor, drive, resolved
+from plfl.federation import FederationLoop
+from plfl.methods.base import FederationContext
+from plfl.models import build_model
+from plfl.state import ClientStateStore
+from plfl.tasks import ClientFailure
 
 ROOT = Path(__file__).resolve().parents[1]
 FEDALA_MNIST = ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1"
@@ -24,8 +35,14 @@ def tiny_federation() -> FederatedData:
     clients = []
     for i in range(4):
         n = 10 * (i + 1)
-        clients.append(ClientData(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g),
-                                  torch.randn(6, 8, generator=g), torch.randint(0, 3, (6,), generator=g)))
+        clients.append(
+            ClientData(
+                torch.randn(n, 8, generator=g),
+                torch.randint(0, 3, (n,), generator=g),
+                torch.randn(6, 8, generator=g),
+                torch.randint(0, 3, (6,), generator=g),
+            )
+        )
     return FederatedData("tiny", clients, num_classes=3, input_shape=(8,))
 
 
@@ -47,10 +64,13 @@ def digits_config(tmp_path):
     """A factory of validated configs: 5 digits clients, MLP, 3 rounds, output in tmp_path; kwargs override keys."""
 
     def make(**overrides):
-        base = {"output_dir": str(tmp_path), "progress_bar": False,
-                "data": {"source": "digits", "num_clients": 5, "beta": 0.5},
-                "model": {"name": "mlp", "hidden_sizes": [32]},
-                "federation": {"rounds": 3, "lr": 0.05, "batch_size": 20}}
+        base = {
+            "output_dir": str(tmp_path),
+            "progress_bar": False,
+            "data": {"source": "digits", "num_clients": 5, "beta": 0.5},
+            "model": {"name": "mlp", "hidden_sizes": [32]},
+            "federation": {"rounds": 3, "lr": 0.05, "batch_size": 20},
+        }
         return validate(OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()])))
 
     return make
@@ -60,3 +80,94 @@ def last_metrics(run_dir: Path) -> dict[str, str]:
     """The last row of a run's metrics.csv, column name → cell text."""
     header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
     return dict(zip(header, rows[-1]))
+
+
+def make_context(data: FederatedData, model: Optional[nn.Module] = None, **federation) -> tuple:
+    """(A FederationContext over ``data``, its architecture): ``model``, by default an MLP with 16 hidden units;
+    ``federation`` options over lr 0.1 and batch size 5."""
+    model = model or build_model("mlp", data.input_shape, data.num_classes, [16])
+    config = ExperimentConfig(federation=FederationConfig(**{"lr": 0.1, "batch_size": 5, **federation}))
+    return FederationContext(data, ClientStateStore(len(data.clients)), config, model), model
+
+
+_executors: dict[int, tuple[FederationContext, SequentialExecutor]] = {}
+
+
+def sequential(context: FederationContext) -> SequentialExecutor:
+    """The sequential executor of ``context``'s config and architecture (one per context)."""
+    if id(context) not in _executors or _executors[id(context)][0] is not context:
+        _executors[id(context)] = context, SequentialExecutor.of(context.config, context.data, context.architecture)
+    return _executors[id(context)][1]
+
+
+def run_hook(context: FederationContext, value, executor: Optional[Executor] = None):
+    """A method hook's value, the tasks it yields (if any) run by ``executor`` (default: :func:`sequential`), as
+    the federation loop runs them."""
+    (outcome,) = drive([resolved(value)], executor or sequential(context))
+    assert not isinstance(outcome, ClientFailure), outcome
+    return outcome
+
+
+def run_loop(method, context: FederationContext, executor: Optional[Executor] = None) -> FederationLoop:
+    """``method``'s federation over ``context``, run to its last round without callbacks."""
+    loop = FederationLoop(
+        method, context, executor or sequential(context), [], RunInfo(None, Path("."), len(context.data.clients), 0)
+    )
+    loop.run()
+    return loop
+
+
+# The executor matrix: every method on the digits federation below, with these options (the others' defaults):
+# FedAvg with momentum and short last batches (n mod 7 ≠ 0), FedBN on its BatchNorm model, Self-FL past its
+# warm-up within the 3 rounds.
+MATRIX_OPTIONS = {
+    "fedavg": {"federation.momentum": 0.5, "federation.batch_size": 7},
+    "fedala": {"method.p": 2},
+    "fedbn": {"model.batch_norm": True},
+    "fedprox": {"method.mu": 0.1},
+    "heurpfedla": {"method.k": 1},
+    "selffl": {"method.warmup_rounds": 1, "method.l_max": 5},
+}
+
+
+def matrix_config(output_dir: Path, method: str, executor: str, **overrides):
+    """A validated config of ``method`` on 5 digits clients (MLP, 3 rounds) run by ``executor``."""
+    base = {
+        "output_dir": str(output_dir),
+        "progress_bar": False,
+        "data": {"source": "digits", "num_clients": 5, "beta": 0.5},
+        "model": {"name": "mlp", "hidden_sizes": [32]},
+        "federation": {"rounds": 3, "lr": 0.05, "batch_size": 20, "executor": executor},
+        "method": {"name": method},
+    }
+    options = {**MATRIX_OPTIONS.get(method, {}), **overrides}
+    return validate(OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in options.items()])))
+
+
+def run_results(run_dir: Path) -> tuple[list[dict], list[dict], list[dict]]:
+    """(metrics.csv rows, clients.csv rows, without the wall-clock column; every client's final model)."""
+    from plfl.checkpoint import load_latest_checkpoint
+
+    def rows(name: str) -> list[dict]:
+        with open(run_dir / name) as f:
+            return [{k: v for k, v in row.items() if k != "seconds"} for row in csv.DictReader(f)]
+
+    store = load_latest_checkpoint(run_dir / "checkpoints")[1]["store"]
+    return rows("metrics.csv"), rows("clients.csv"), [client["model"] for client in store]
+
+
+@pytest.fixture(scope="session")
+def sequential_results(tmp_path_factory):
+    """method → :func:`run_results` of its matrix run on the sequential executor (run once per session)."""
+    from plfl.experiment import run_experiment
+
+    cache: dict = {}
+
+    def results(method: str) -> tuple:
+        if method not in cache:
+            cache[method] = run_results(
+                run_experiment(matrix_config(tmp_path_factory.mktemp(method), method, "sequential"))[0]
+            )
+        return cache[method]
+
+    return results

@@ -20,8 +20,12 @@ from plfl.models import build_model
 ROOT = Path(__file__).resolve().parents[1]
 AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news"
 # Words that mark each class, so that a model can learn the tiny set.
-TOPICS = [["war", "minister", "election"], ["match", "goal", "coach"], ["stocks", "profit", "bank"],
-          ["software", "space", "chip"]]
+TOPICS = [
+    ["war", "minister", "election"],
+    ["match", "goal", "coach"],
+    ["stocks", "profit", "bank"],
+    ["software", "space", "chip"],
+]
 
 
 def write_agnews(root: Path, train_rows: int = 48, test_rows: int = 16) -> Path:
@@ -77,13 +81,16 @@ def test_unset_root_says_to_set_it():
         read_agnews(DataConfig(source="agnews"))
 
 
-@pytest.mark.parametrize("content, message", [
-    ('"1","a","b"\n"2","a"b","c"\n', "line 2: malformed CSV"),
-    ('"1","a","b"\n"2","a","b"\n"3","only two"\n', "line 3: 2 fields, expected 3 (class, title, description)"),
-    ('"1","a","b"\n"5","a","b"\n', "line 2: class '5' is not one of 1, 2, 3, 4"),
-    ('"World","a","b"\n', "line 1: class 'World' is not one of 1, 2, 3, 4"),
-    ("", "holds no records"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('"1","a","b"\n"2","a"b","c"\n', "line 2: malformed CSV"),
+        ('"1","a","b"\n"2","a","b"\n"3","only two"\n', "line 3: 2 fields, expected 3 (class, title, description)"),
+        ('"1","a","b"\n"5","a","b"\n', "line 2: class '5' is not one of 1, 2, 3, 4"),
+        ('"World","a","b"\n', "line 1: class 'World' is not one of 1, 2, 3, 4"),
+        ("", "holds no records"),
+    ],
+)
 def test_malformed_train_file_is_refused_with_its_line(tmp_path, content, message):
     write_agnews(tmp_path)
     (tmp_path / "train.csv").write_text(content)
@@ -175,23 +182,38 @@ def test_transformer_output_does_not_depend_on_trailing_padding():
     assert model(short).shape == (1, 4)
 
 
-@pytest.mark.parametrize("name, shape, vocab, message", [
-    ("fasttext", (1, 28, 28), None, "model.name=fasttext cannot take the data's images or vectors"),
-    ("mlp", (200,), 100, "model.name=mlp cannot take the data's token ids (text); use model.name=fasttext or "
-                         "lstm or transformer"),
-])
+@pytest.mark.parametrize(
+    "name, shape, vocab, message",
+    [
+        ("fasttext", (1, 28, 28), None, "model.name=fasttext cannot take the data's images or vectors"),
+        (
+            "mlp",
+            (200,),
+            100,
+            "model.name=mlp cannot take the data's token ids (text); use model.name=fasttext or lstm or transformer",
+        ),
+    ],
+)
 def test_a_model_for_the_other_kind_of_input_is_refused(name, shape, vocab, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_model(name, shape, 4, vocab_size=vocab)
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["model.name=transformer", "model.embedding_dim=30", "model.num_heads=4"],
-     "model.embedding_dim=30 is not a multiple of model.num_heads=4"),
-    (["model.name=fasttext", "model.num_layers=3"], "model.num_layers=3 is read only by model.name=transformer"),
-    (["model.name=mlp", "model.embedding_dim=16"], "model.embedding_dim=16 is read only by model.name=fasttext"),
-    (["model.name=transformer", "model.num_heads=0"], "Config key 'model.num_heads' must be an integer >= 1; got 0."),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["model.name=transformer", "model.embedding_dim=30", "model.num_heads=4"],
+            "model.embedding_dim=30 is not a multiple of model.num_heads=4",
+        ),
+        (["model.name=fasttext", "model.num_layers=3"], "model.num_layers=3 is read only by model.name=transformer"),
+        (["model.name=mlp", "model.embedding_dim=16"], "model.embedding_dim=16 is read only by model.name=fasttext"),
+        (
+            ["model.name=transformer", "model.num_heads=0"],
+            "Config key 'model.num_heads' must be an integer >= 1; got 0.",
+        ),
+    ],
+)
 def test_bad_model_keys_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
@@ -201,16 +223,33 @@ def test_bad_model_keys_are_refused(overrides, message):
 
 
 def run_tiny(tmp_path, model: str, method: dict, rounds: int = 1):
-    base = {"output_dir": str(tmp_path / "runs"), "progress_bar": False,
-            "data": {"source": "agnews", "root": str(write_agnews(tmp_path / "data", 96, 32)), "num_clients": 3,
-                     "partition": "iid", "max_length": 8},
-            "model": {"name": model}, "method": method,
-            "federation": {"rounds": rounds, "lr": 0.1, "batch_size": 10}}
+    base = {
+        "output_dir": str(tmp_path / "runs"),
+        "progress_bar": False,
+        "data": {
+            "source": "agnews",
+            "root": str(write_agnews(tmp_path / "data", 96, 32)),
+            "num_clients": 3,
+            "partition": "iid",
+            "max_length": 8,
+        },
+        "model": {"name": model},
+        "method": method,
+        "federation": {"rounds": rounds, "lr": 0.1, "batch_size": 10},
+    }
     return run_experiment(validate(OmegaConf.create(base)))
 
 
-@pytest.mark.parametrize("method", [{"name": "fedavg"}, {"name": "fedala", "p": 2}, {"name": "fedrep"},
-                                    {"name": "perfedavg", "variant": "fo"}, {"name": "perfedavg", "variant": "hf"}])
+@pytest.mark.parametrize(
+    "method",
+    [
+        {"name": "fedavg"},
+        {"name": "fedala", "p": 2},
+        {"name": "fedrep"},
+        {"name": "perfedavg", "variant": "fo"},
+        {"name": "perfedavg", "variant": "hf"},
+    ],
+)
 def test_methods_train_fasttext_on_token_ids(tmp_path, method):
     run_dir, summary = run_tiny(tmp_path, "fasttext", method)
     assert summary["status"] == "completed"

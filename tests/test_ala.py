@@ -2,86 +2,113 @@
 methods it changes only their local initialisation."""
 
 import math
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
+from plfl.data import ClientData, FederatedData
 from plfl.errors import PlflWarning
 from plfl.executors import resolved
-from plfl.methods import METHODS, method_class
-from plfl.methods.ala import AdaptiveLocalAggregation
-from plfl.methods.schemas import ALAConfig, FedAvgConfig
+from plfl.methods import method_class, methods, takes_ala
+from plfl.methods.ala import ALAConfig, local_aggregation
 from plfl.models import BodyHeadModel
-from test_federation import make_context, run_hook
+
+from conftest import make_context, run_hook
 
 
 def params_of(model: nn.Module) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def one_update(eta: float) -> tuple:
-    """A 1→2 linear model without bias, one sample x=1 of class 0, W_i = 1 (after the initial stage)."""
-    model = nn.Linear(1, 2, bias=False)
-    ala = AdaptiveLocalAggregation(ALAConfig(s=100, p=1, eta=eta), model, batch_size=1)
-    global_params = {"weight": torch.tensor([[-1.0], [1.0]])}
-    local_params = {"weight": torch.tensor([[0.0], [0.0]])}
-    weights = {"weight": torch.ones(2, 1)}
-    x, y = torch.ones(1, 1), torch.tensor([0])
-    out = ala(global_params, local_params, weights, x, y, torch.Generator().manual_seed(0), client_id=0)
-    return out, global_params, local_params
+def ala(
+    config: ALAConfig,
+    model: nn.Module,
+    global_params: dict,
+    local_params: dict,
+    weights,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int,
+) -> tuple:
+    """ALA of one client holding (x, y), its old model ``local_params`` and W_i ``weights`` (None: the initial
+    stage), receiving ``global_params``, on the sequential executor: (θ̂, W_i, epochs)."""
+    data = FederatedData(
+        "one", [ClientData(x, y, x[:1], y[:1])], num_classes=max(2, int(y.max()) + 1), input_shape=tuple(x.shape[1:])
+    )
+    context, _ = make_context(data, model=model, batch_size=batch_size)
+    if weights is not None:
+        context.store.set(0, "ala_weights", weights)
+    params = run_hook(context, local_aggregation(config, context, 0, global_params, local_params, round_=1))
+    return params, context.store.get(0, "ala_weights"), context.store.get(0, "ala_epochs")
 
 
 def test_one_weight_update_matches_hand_computation():
-    out, global_params, local_params = one_update(eta=0.5)
+    """A 1→2 linear model without bias, one sample x=1 of class 0, W_i = 1 (after the initial stage)."""
+    global_params = {"weight": torch.tensor([[-1.0], [1.0]])}
+    local_params = {"weight": torch.tensor([[0.0], [0.0]])}
+    params, weights, epochs = ala(
+        ALAConfig(s=100, p=1, eta=0.5),
+        nn.Linear(1, 2, bias=False),
+        global_params,
+        local_params,
+        {"weight": torch.ones(2, 1)},
+        torch.ones(1, 1),
+        torch.tensor([0]),
+        1,
+    )
     # θ̂ = Θ_i + (Θ − Θ_i)·1 = [-1, 1]ᵀ; logits [-1, 1]; softmax p = [1/(1+e²), e²/(1+e²)].
     p0 = 1 / (1 + math.e**2)
     grad = torch.tensor([[p0 - 1], [1 - p0]])  # ∂CE/∂θ̂ for y = 0, x = 1
     gap = torch.tensor([[-1.0], [1.0]])  # Θ − Θ_i
     expected_w = torch.clamp(1 - 0.5 * grad * gap, 0, 1)  # both entries 1 − 0.5·0.8808 = 0.5596
-    assert torch.allclose(out.weights["weight"], expected_w, atol=1e-6)
-    assert out.weights["weight"][0, 0].item() == pytest.approx(0.55960, abs=1e-4)
+    assert torch.allclose(weights["weight"], expected_w, atol=1e-6)
+    assert weights["weight"][0, 0].item() == pytest.approx(0.55960, abs=1e-4)
     # The client starts from the recomputed θ̂ = Θ_i + (Θ − Θ_i) ⊙ W.
-    assert torch.allclose(out.params["weight"], gap * expected_w, atol=1e-6)
-    assert out.epochs == 1  # after the initial stage: exactly one epoch
+    assert torch.allclose(params["weight"], gap * expected_w, atol=1e-6)
+    assert epochs == 1  # after the initial stage: exactly one epoch
 
 
 def test_weights_stay_in_unit_interval_and_lower_tensors_equal_global():
     torch.manual_seed(0)
-    make = lambda: BodyHeadModel(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), nn.Linear(8, 3))  # noqa: E731
+
+    def make():
+        return BodyHeadModel(nn.Sequential(nn.Linear(4, 8), nn.ReLU()), nn.Linear(8, 3))
+
     global_params, local_params = params_of(make()), params_of(make())
     x, y = torch.randn(50, 4), torch.randint(0, 3, (50,))
-    ala = AdaptiveLocalAggregation(ALAConfig(s=80, p=2, eta=50.0, num_pre_loss=2, max_init_epochs=5), make(), 5)
-    out = ala(global_params, local_params, None, x, y, torch.Generator().manual_seed(1), client_id=0)
-    assert set(out.weights) == {"head.weight", "head.bias"}
-    for w in out.weights.values():
+    config = ALAConfig(s=80, p=2, eta=50.0, num_pre_loss=2, max_init_epochs=5)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="ALA's initial stage")  # whether it settles is beside the point
+        params, weights, _ = ala(config, make(), global_params, local_params, None, x, y, 5)
+    assert set(weights) == {"head.weight", "head.bias"}
+    for w in weights.values():
         assert w.min() >= 0 and w.max() <= 1
-    assert any(((w > 0) & (w < 1)).any() for w in out.weights.values())  # learned, not just clamped
+    assert any(((w > 0) & (w < 1)).any() for w in weights.values())  # learned, not just clamped
     for key in ("body.0.weight", "body.0.bias"):
-        assert torch.equal(out.params[key], global_params[key])
-    assert not torch.equal(out.params["head.weight"], global_params["head.weight"])
+        assert torch.equal(params[key], global_params[key])
+    assert not torch.equal(params["head.weight"], global_params["head.weight"])
 
 
 def test_initial_stage_cap_stops_a_non_converging_case_with_a_warning():
-    model = nn.Linear(3, 2)
     # More losses are needed (num_pre_loss + 1) than the cap allows: it can never settle.
-    ala = AdaptiveLocalAggregation(ALAConfig(s=100, p=2, num_pre_loss=10, max_init_epochs=4), model, 4)
+    config = ALAConfig(s=100, p=2, num_pre_loss=10, max_init_epochs=4)
     g, loc = params_of(nn.Linear(3, 2)), params_of(nn.Linear(3, 2))
-    with pytest.warns(PlflWarning, match=r"client 7 stopped at method.max_init_epochs=4"):
-        out = ala(g, loc, None, torch.randn(8, 3), torch.randint(0, 2, (8,)), torch.Generator(), client_id=7)
-    assert out.epochs == 4
+    with pytest.warns(PlflWarning, match=r"client 0 stopped at method.max_init_epochs=4"):
+        _, _, epochs = ala(config, nn.Linear(3, 2), g, loc, None, torch.randn(8, 3), torch.randint(0, 2, (8,)), 4)
+    assert epochs == 4
 
 
 def test_initial_stage_runs_until_losses_settle():
-    model = nn.Linear(3, 2)
-    ala = AdaptiveLocalAggregation(ALAConfig(s=100, p=2, num_pre_loss=3, threshold=10.0), model, 4)
+    config = ALAConfig(s=100, p=2, num_pre_loss=3, threshold=10.0)
     g, loc = params_of(nn.Linear(3, 2)), params_of(nn.Linear(3, 2))
-    out = ala(g, loc, None, torch.randn(8, 3), torch.randint(0, 2, (8,)), torch.Generator(), client_id=0)
-    assert out.epochs == 4  # needs more than num_pre_loss losses; a huge threshold settles at once
+    _, _, epochs = ala(config, nn.Linear(3, 2), g, loc, None, torch.randn(8, 3), torch.randint(0, 2, (8,)), 4)
+    assert epochs == 4  # needs more than num_pre_loss losses; a huge threshold settles at once
 
 
-# Every method with FedAvg's keys (and so method.ala): later methods join automatically.
-ALA_METHODS = sorted(name for name, entry in METHODS.items() if issubclass(entry.config, FedAvgConfig))
+# Every method whose config takes method.ala: later methods join automatically.
+ALA_METHODS = sorted(name for name, cls in methods().items() if takes_ala(cls))
 
 
 @pytest.mark.parametrize("name", ALA_METHODS)
@@ -91,8 +118,8 @@ def test_ala_changes_the_local_initialisation_and_nothing_else(tiny_federation, 
     def make(ala):
         torch.manual_seed(0)  # the same initial model for both
         context, model = make_context(tiny_federation)
-        config = METHODS[name].config(ala=ala)
-        return method_class(name)(config, context, {k: v.clone() for k, v in model.state_dict().items()})
+        cls = method_class(name)
+        return cls(cls.config_class(ala=ala), context, {k: v.clone() for k, v in model.state_dict().items()})
 
     ala = ALAConfig(s=100, p=2, threshold=10.0, num_pre_loss=2)  # a huge threshold: the initial stage settles at once
     plain, with_ala = make(None), make(ala)
@@ -100,15 +127,16 @@ def test_ala_changes_the_local_initialisation_and_nothing_else(tiny_federation, 
 
     def broadcast(method, round_):
         for i in clients:
-            init = method.pre_local_init(i, method.server_message(i), round_)
+            init = method.pre_local_init(i, method.server_message(i, round_), round_)
             method.store.set(i, "model", run_hook(method.context, init))
 
     def train_and_aggregate(method, round_, starts):
         def update(i):
-            result = yield from resolved(method.local_train(i, starts[i], round_))
+            received = method.server_message(i, round_ - 1)  # what the last broadcast sent
+            result = yield from resolved(method.local_train(i, starts[i], received, round_))
             return (yield from resolved(method.post_train(i, result, round_)))
 
-        messages = {i: method.client_message(i, run_hook(method.context, update(i))) for i in clients}
+        messages = {i: method.client_message(i, run_hook(method.context, update(i)), round_) for i in clients}
         for i in clients:
             method.store.set(i, "model", messages[i])
         method.aggregate(messages, round_)
@@ -124,7 +152,7 @@ def test_ala_changes_the_local_initialisation_and_nothing_else(tiny_federation, 
     broadcast(plain, 1)
     broadcast(with_ala, 1)
     for i in clients:
-        received, init = with_ala.server_message(i), with_ala.store.get(i, "model")
+        received, init = with_ala.server_message(i, 1), with_ala.store.get(i, "model")
         assert all(torch.equal(plain.store.get(i, "model")[k], v) for k, v in received.items())
         assert not all(torch.equal(init[k], v) for k, v in received.items()), i
     # Round 2 from ALA's initialisations: training, upload and aggregation are the same with or without ALA.

@@ -1,19 +1,18 @@
 """APPLE: the step in w_i^(c) and p_i by hand on a linear model, the schedule of μ, what is sent and
 evaluated, and an end-to-end run (momentum and data.augment are refused: test_bad_input.py)."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import last_metrics
+from plfl.executors.steps import PlainNetwork
 from plfl.experiment import run_experiment
-from plfl.methods.apple import APPLE, RELATIONSHIPS, local_step, proximal_weight
+from plfl.methods.apple import APPLE, RELATIONSHIPS, APPLEConfig, APPLEStep, proximal_weight
 from plfl.methods.base import nbytes, numel
-from plfl.methods.schemas import APPLEConfig
-from test_federation import make_context
-from test_pfedla import run_loop
+from plfl.tasks import Batch
+
+from conftest import last_metrics, make_context, run_hook, run_loop, sequential
 
 
 def make_method(data, federation=None, **keys):
@@ -26,11 +25,16 @@ def test_step_takes_the_hand_computed_gradients_on_a_linear_model():
     n, i, batch = 3, 1, 4
     cores = {"weight": torch.randn(n, 2, 3, generator=g), "bias": torch.randn(n, 2, generator=g)}
     own = {k: v[i].clone() for k, v in cores.items()}
-    others = {k: v.index_fill(0, torch.tensor([i]), 0.0) for k, v in cores.items()}
     p, p0 = torch.tensor([0.2, 0.5, 0.3]), torch.tensor([0.1, 0.6, 0.3])
     x, y = torch.randn(batch, 3, generator=g), torch.tensor([0, 1, 1, 0])
     weight, core_lr, dr_lr = 0.4, 0.1, 0.05
-    new_own, new_p, loss = local_step(nn.Linear(3, 2), own, p, others, {}, i, (x, y), p0, weight, core_lr, dr_lr)
+    step = APPLEStep(("weight", "bias"), weight, core_lr, dr_lr)
+    # The shared cores' row i is replaced by the state's own core: a stale row i must not count.
+    shared = {k: v.index_fill(0, torch.tensor([i]), 7.0) for k, v in cores.items()}
+    inputs = {"own_index": F.one_hot(torch.tensor(i), n).float(), "p0": p0}
+    out = step(PlainNetwork(nn.Linear(3, 2)), {**own, RELATIONSHIPS: p}, inputs, shared, Batch(x, y, None))
+    new_own, new_p, loss = {k: out.state[k] for k in own}, out.state[RELATIONSHIPS], out.loss.item()
+    assert out.samples == batch
 
     # w^(p) = Σ_j p_j w_j; softmax regression: ∂CE/∂z = (softmax(z) − onehot(y)) / B, ∂CE/∂W = dzᵀ x.
     w = {k: sum(p[j] * v[j] for j in range(n)) for k, v in cores.items()}
@@ -76,18 +80,20 @@ def test_every_client_downloads_all_cores_and_evaluates_their_mixture(tiny_feder
         for key, stacked in cores.items():
             torch.testing.assert_close(evaluated[key], torch.tensordot(p, stacked, dims=1))  # Σ_j p_ij w_j^(c)
         data = tiny_federation.clients[i]
-        assert context.local_trainer.evaluate(evaluated, data.x_test, data.y_test).correct == row["correct"]
+        assert sequential(context).trainer.evaluate(evaluated, data.x_test, data.y_test).correct == row["correct"]
     assert loop.history[-1].metrics["dr_self_mean"] == pytest.approx(
-        sum(context.store.get(i, RELATIONSHIPS)[i].item() for i in range(n)) / n)
+        sum(context.store.get(i, RELATIONSHIPS)[i].item() for i in range(n)) / n
+    )
 
 
 def test_training_moves_only_the_own_core_and_keeps_the_mixture(tiny_federation):
     method, context = make_method(tiny_federation, dr_lr=0.1)
     client = 2
-    params = method.pre_local_init(client, method.server_message(client), round_=1)
-    result = method.local_train(client, params, round_=1)
+    message = method.server_message(client, 0)  # the broadcast before round 1
+    params = run_hook(context, method.pre_local_init(client, message, 1))
+    result = run_hook(context, method.local_train(client, params, message, 1))
     p = context.store.get(client, RELATIONSHIPS)
-    upload = method.client_message(client, result)
+    upload = method.client_message(client, result, 1)
     assert upload is result.upload and list(upload) == list(params)
     assert not torch.equal(upload["head.weight"], method.cores["head.weight"][client])
     cores = {k: v.clone() for k, v in method.cores.items()}

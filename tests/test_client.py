@@ -1,26 +1,30 @@
-"""plfl.client's loader, ClientModule's attribute handling, the Trainer's float32 and input conversion."""
+"""plfl.batches' loader, ClientModule's attribute handling, the Trainer's float32 and input conversion."""
 
 import pytest
 import torch
 from torch import nn
 
-from plfl.client import ClientModule, EpochShuffle, LocalTrainer, batch_loader, build_trainer
+from plfl.batches import EpochShuffle, batch_loader
+from plfl.client import ClientModule, LocalTrainer, build_trainer
 
 
 def test_batch_loader_cuts_each_epochs_shuffle_into_batches():
     x, y = torch.arange(23.0).unsqueeze(1), torch.arange(23)
-    loader = batch_loader(x, y, 5, seed=7, first_epoch=2, size=22)
-    shuffle = EpochShuffle(23, seed=7, first_epoch=2, size=22)
+    # 23 = 4·5 + 3: a last batch of 3, shorter than min_last = 4, is left out; each epoch visits 20 samples.
+    loader = batch_loader(x, y, 5, seed=7, first_epoch=2, min_last=4)
+    shuffle = EpochShuffle(23, seed=7, first_epoch=2, size=20)
     orders = []
     for epoch in (2, 3):
         loader.sampler.set_epoch(epoch)
         shuffle.set_epoch(epoch)
         batches = list(loader)
-        assert len(loader) == 5 and [len(yb) for _, yb in batches] == [5, 5, 5, 5, 2]
+        assert len(loader) == 4 and [len(yb) for _, yb in batches] == [5, 5, 5, 5]
         assert all(torch.equal(xb.squeeze(1), yb.float()) for xb, yb in batches)  # x and y stay paired
         orders.append(torch.cat([yb for _, yb in batches]).tolist())
         assert orders[-1] == list(shuffle)
     assert orders[0] != orders[1]
+    kept = batch_loader(x, y, 5, seed=7, first_epoch=2, min_last=3)  # a last batch of min_last samples is kept
+    assert [len(yb) for _, yb in kept] == [5, 5, 5, 5, 3]
     in_order = [yb.tolist() for _, yb in batch_loader(x, y, 10)]
     assert in_order == [list(range(10)), list(range(10, 20)), [20, 21, 22]]
 

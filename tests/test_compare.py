@@ -13,10 +13,11 @@ from plfl.errors import PlflError
 
 def fake_run(path, method, source, seed, best, status="completed", seconds=2.0, params=100.0):
     path.mkdir(parents=True)
-    OmegaConf.save({"method": {"name": method}, "data": {"source": source, "root": None},
-                    "federation": {"seed": seed}}, path / "config.yaml")
-    summary = {"status": status, "best_accuracy": best, "seconds_per_round": seconds,
-               "params_sent_per_round": params}
+    OmegaConf.save(
+        {"method": {"name": method}, "data": {"source": source, "root": None}, "federation": {"seed": seed}},
+        path / "config.yaml",
+    )
+    summary = {"status": status, "best_accuracy": best, "seconds_per_round": seconds, "params_sent_per_round": params}
     (path / "summary.json").write_text(json.dumps(summary))
 
 
@@ -25,11 +26,16 @@ def test_table_holds_mean_and_population_std_per_method_and_dataset(tmp_path):
     fake_run(tmp_path / "a1", "fedavg", "digits", 1, 0.7)
     fake_run(tmp_path / "b" / "t0", "fedala", "mnist", 0, 0.9)
     accuracy, costs = comparison_table([read_run(d) for d in find_runs([tmp_path])]).split("\n\n")
-    assert accuracy.splitlines() == ["| method | digits | mnist |", "| --- | --- | --- |",
-                                     "| fedavg | 60.00 ± 10.00 (n=2) | – |",  # mean 0.6, pstdev 0.1
-                                     "| fedala | – | 90.00 (n=1) |"]
-    assert costs.splitlines()[:2] == ["| method | data set | s/round | params sent/round | n |",
-                                      "| --- | --- | --- | --- | --- |"]
+    assert accuracy.splitlines() == [
+        "| method | digits | mnist |",
+        "| --- | --- | --- |",
+        "| fedavg | 60.00 ± 10.00 (n=2) | – |",  # mean 0.6, pstdev 0.1
+        "| fedala | – | 90.00 (n=1) |",
+    ]
+    assert costs.splitlines()[:2] == [
+        "| method | data set | s/round | params sent/round | n |",
+        "| --- | --- | --- | --- | --- |",
+    ]
 
 
 def test_costs_are_per_data_set_never_averaged_across_them(tmp_path):
@@ -40,9 +46,11 @@ def test_costs_are_per_data_set_never_averaged_across_them(tmp_path):
     fake_run(tmp_path / "d1", "fedala", "digits", 1, 0.42, seconds=0.32, params=6050)
     fake_run(tmp_path / "f0", "fedavg", "digits", 0, 0.30, seconds=0.25, params=6050)
     costs = comparison_table([read_run(d) for d in find_runs([tmp_path])]).split("\n\n")[1].splitlines()
-    assert costs[2:] == ["| fedala | digits | 0.31 | 6,050 | 2 |",  # (0.30 + 0.32) / 2
-                         "| fedala | mnist | 103.25 | 11,640,520 | 2 |",  # (102 + 104.5) / 2
-                         "| fedavg | digits | 0.25 | 6,050 | 1 |"]
+    assert costs[2:] == [
+        "| fedala | digits | 0.31 | 6,050 | 2 |",  # (0.30 + 0.32) / 2
+        "| fedala | mnist | 103.25 | 11,640,520 | 2 |",  # (102 + 104.5) / 2
+        "| fedavg | digits | 0.25 | 6,050 | 1 |",
+    ]
 
 
 def test_not_a_run_and_failed_run_are_refused(tmp_path):
@@ -93,5 +101,7 @@ def test_one_source_split_two_ways_is_two_data_sets(tmp_path):
     cfg.data.update(root="/data/fedala-mnist-dir0.1", partition="dirichlet")
     OmegaConf.save(cfg, tmp_path / "d" / "config.yaml")
     accuracy = comparison_table([read_run(d) for d in find_runs([tmp_path])]).split("\n\n")[0]
-    assert accuracy.splitlines()[0] == ("| method | mnist Dir(0.1), 20 clients | mnist Dir(0.5), 100 clients | "
-                                        "mnist classes(4 classes), 10 clients | pfllib:fedala-mnist-dir0.1 |")
+    assert accuracy.splitlines()[0] == (
+        "| method | mnist Dir(0.1), 20 clients | mnist Dir(0.5), 100 clients | "
+        "mnist classes(4 classes), 10 clients | pfllib:fedala-mnist-dir0.1 |"
+    )

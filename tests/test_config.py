@@ -7,7 +7,7 @@ import pytest
 
 from plfl.config import load_config
 from plfl.errors import ConfigError
-from plfl.methods import METHODS
+from plfl.methods import methods
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,75 +20,126 @@ def error_of(*overrides, path=QUICKSTART) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("federation.roundz=3", "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
-                            "Valid keys in section 'federation': batch_size, cohort_size, cuda_graphs, eval_every, "
-                            "executor, join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed, "
-                            "state_offload."),
-    ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
-    ("bogus=1", "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
-                 "keep_checkpoints, logger, method, model,"),
-    ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
-    ("federation.executor=spark", "Config key 'federation.executor' must be one of sequential, vectorized, ray; "
-                                  "got 'spark'."),
-    ("federation.cuda_graphs=false", "federation.cuda_graphs=false is read only by federation.executor=vectorized, "
-                                     "not by federation.executor=sequential. Remove federation.cuda_graphs or set "
-                                     "federation.executor=vectorized."),
-    ("federation.cohort_size=8", "federation.cohort_size=8 is read only by federation.executor=vectorized, not by "
-                                 "federation.executor=sequential. Remove federation.cohort_size or set "
-                                 "federation.executor=vectorized."),
-    ("federation.state_offload=maybe", "Config key 'federation.state_offload' has a value of the wrong type: Value "
-                                       "'maybe' is not a valid bool (type str). Expected bool."),
-    ("federation.rounds=-1", "Config key 'federation.rounds' must be an integer >= 0; got -1."),
-    ("federation.join_ratio=0", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 0.0."),
-    ("federation.join_ratio=1.5", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 1.5."),
-    ("data.beta=0", "Config key 'data.beta' must be a number > 0; got 0.0."),
-    ("data.beta=-0.5", "Config key 'data.beta' must be a number > 0; got -0.5."),
-    ("federation.lr=0", "Config key 'federation.lr' must be a number > 0; got 0.0."),
-    ("method.s=0", "Config key 'method.s' must be a percentage in (0, 100]; got 0.0."),
-    ("data.source=imagenet", "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, "
-                             "cifar100, pfllib, imagefolder, agnews, shakespeare, leaf; got 'imagenet'."),
-    ("model.name=vgg", "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer, lstm; got 'vgg'."),
-    ("method.name=fedrox", f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(METHODS))}."),
-    ("federation.rounds", "Override 'federation.rounds' is not of the form key=value"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "federation.roundz=3",
+            "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
+            "Valid keys in section 'federation': batch_size, cohort_size, cuda_graphs, eval_every, "
+            "executor, join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed, "
+            "state_offload.",
+        ),
+        ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
+        (
+            "bogus=1",
+            "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
+            "keep_checkpoints, logger, method, model,",
+        ),
+        ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
+        (
+            "federation.executor=spark",
+            "Config key 'federation.executor' must be one of sequential, vectorized, ray; got 'spark'.",
+        ),
+        (
+            "federation.cuda_graphs=false",
+            "federation.cuda_graphs=false is read only by federation.executor=vectorized, "
+            "not by federation.executor=sequential. Remove federation.cuda_graphs or set "
+            "federation.executor=vectorized.",
+        ),
+        (
+            "federation.cohort_size=8",
+            "federation.cohort_size=8 is read only by federation.executor=vectorized, not by "
+            "federation.executor=sequential. Remove federation.cohort_size or set "
+            "federation.executor=vectorized.",
+        ),
+        (
+            "federation.state_offload=maybe",
+            "Config key 'federation.state_offload' has a value of the wrong type: Value "
+            "'maybe' is not a valid bool (type str). Expected bool.",
+        ),
+        ("federation.rounds=-1", "Config key 'federation.rounds' must be an integer >= 0; got -1."),
+        ("federation.join_ratio=0", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 0.0."),
+        ("federation.join_ratio=1.5", "Config key 'federation.join_ratio' must be a number in (0, 1]; got 1.5."),
+        ("data.beta=0", "Config key 'data.beta' must be a number > 0; got 0.0."),
+        ("data.beta=-0.5", "Config key 'data.beta' must be a number > 0; got -0.5."),
+        ("federation.lr=0", "Config key 'federation.lr' must be a number > 0; got 0.0."),
+        ("method.s=0", "Config key 'method.s' must be a percentage in (0, 100]; got 0.0."),
+        (
+            "data.source=imagenet",
+            "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, "
+            "cifar100, agnews, imagefolder, pfllib, shakespeare, leaf; got 'imagenet'.",
+        ),
+        (
+            "model.name=vgg",
+            "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer, lstm; "
+            "got 'vgg'.",
+        ),
+        ("method.name=fedrox", f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(methods()))}."),
+        ("federation.rounds", "Override 'federation.rounds' is not of the form key=value"),
+    ],
+)
 def test_config_errors_name_the_key_and_the_fix(override, message):
     assert message in error_of(override)
 
 
-@pytest.mark.parametrize("config, override, message", [
-    ("fedavgm", "method.server_momentum=1", "Config key 'method.server_momentum' must be a number in [0, 1); got 1.0."),
-    ("fedavgm", "method.server_momentum=-0.1",
-     "Config key 'method.server_momentum' must be a number in [0, 1); got -0.1."),
-    ("fedavgm", "method.server_lr=0", "Config key 'method.server_lr' must be a number > 0; got 0.0."),
-    ("fedprox", "method.mu=-0.1", "Config key 'method.mu' must be a number >= 0; got -0.1."),
-    ("ditto", "method.lam=-1", "Config key 'method.lam' must be a number >= 0; got -1.0."),
-    ("ditto", "method.personal_epochs=0", "Config key 'method.personal_epochs' must be an integer >= 1; got 0."),
-    ("perfedavg", "method.variant=so", "must be one of fo, hf"),
-    ("perfedavg", "method.alpha=0", "must be null or a number > 0"),
-    ("perfedavg", "method.ala.s=50", "method.ala"),
-    ("fedamp", "method.sigma=0", "Config key 'method.sigma' must be a number > 0; got 0.0."),
-    ("fedamp", "method.alpha_k=-1", "Config key 'method.alpha_k' must be a number > 0; got -1.0."),
-    ("fedamp", "method.ala.s=50", "Unknown config key 'method.ala'"),
-    ("fedfomo", "method.m=0", "Config key 'method.m' must be an integer >= 1; got 0."),
-    ("fedfomo", "method.val_ratio=1", "Config key 'method.val_ratio' must be a number in (0, 1); got 1.0."),
-    ("pfedhn", "method.embedding_dim=0", "Config key 'method.embedding_dim' must be null or an integer >= 1; got 0."),
-    ("pfedhn", "method.hn_momentum=1", "Config key 'method.hn_momentum' must be a number in [0, 1); got 1.0."),
-    ("pfedhn", "method.max_grad_norm=0", "Config key 'method.max_grad_norm' must be null or a number > 0; got 0.0."),
-    ("apple", "method.dr_lr=-0.1", "Config key 'method.dr_lr' must be a number >= 0; got -0.1."),
-    ("apple", "method.schedule_rounds=-1", "Config key 'method.schedule_rounds' must be null or an integer >= 0"),
-    ("apple", "method.ala.s=50", "method.ala"),
-    ("fedphp", "method.mu=1.5", "Config key 'method.mu' must be a number in [0, 1]; got 1.5."),
-    ("fedphp", "method.lam=-0.1", "Config key 'method.lam' must be a number in [0, 1]; got -0.1."),
-    ("fedphp", "method.inheritance_rounds=0", "Config key 'method.inheritance_rounds' must be null or an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "config, override, message",
+    [
+        (
+            "fedavgm",
+            "method.server_momentum=1",
+            "Config key 'method.server_momentum' must be a number in [0, 1); got 1.0.",
+        ),
+        (
+            "fedavgm",
+            "method.server_momentum=-0.1",
+            "Config key 'method.server_momentum' must be a number in [0, 1); got -0.1.",
+        ),
+        ("fedavgm", "method.server_lr=0", "Config key 'method.server_lr' must be a number > 0; got 0.0."),
+        ("fedprox", "method.mu=-0.1", "Config key 'method.mu' must be a number >= 0; got -0.1."),
+        ("ditto", "method.lam=-1", "Config key 'method.lam' must be a number >= 0; got -1.0."),
+        ("ditto", "method.personal_epochs=0", "Config key 'method.personal_epochs' must be an integer >= 1; got 0."),
+        ("perfedavg", "method.variant=so", "must be one of fo, hf"),
+        ("perfedavg", "method.alpha=0", "must be null or a number > 0"),
+        ("perfedavg", "method.ala.s=50", "method.ala"),
+        ("fedamp", "method.sigma=0", "Config key 'method.sigma' must be a number > 0; got 0.0."),
+        ("fedamp", "method.alpha_k=-1", "Config key 'method.alpha_k' must be a number > 0; got -1.0."),
+        ("fedamp", "method.ala.s=50", "Unknown config key 'method.ala'"),
+        ("fedfomo", "method.m=0", "Config key 'method.m' must be an integer >= 1; got 0."),
+        ("fedfomo", "method.val_ratio=1", "Config key 'method.val_ratio' must be a number in (0, 1); got 1.0."),
+        (
+            "pfedhn",
+            "method.embedding_dim=0",
+            "Config key 'method.embedding_dim' must be null or an integer >= 1; got 0.",
+        ),
+        ("pfedhn", "method.hn_momentum=1", "Config key 'method.hn_momentum' must be a number in [0, 1); got 1.0."),
+        (
+            "pfedhn",
+            "method.max_grad_norm=0",
+            "Config key 'method.max_grad_norm' must be null or a number > 0; got 0.0.",
+        ),
+        ("apple", "method.dr_lr=-0.1", "Config key 'method.dr_lr' must be a number >= 0; got -0.1."),
+        ("apple", "method.schedule_rounds=-1", "Config key 'method.schedule_rounds' must be null or an integer >= 0"),
+        ("apple", "method.ala.s=50", "method.ala"),
+        ("fedphp", "method.mu=1.5", "Config key 'method.mu' must be a number in [0, 1]; got 1.5."),
+        ("fedphp", "method.lam=-0.1", "Config key 'method.lam' must be a number in [0, 1]; got -0.1."),
+        (
+            "fedphp",
+            "method.inheritance_rounds=0",
+            "Config key 'method.inheritance_rounds' must be null or an integer >= 1",
+        ),
+    ],
+)
 def test_a_methods_own_bad_keys_are_refused(config, override, message):
     assert message in error_of(override, path=ROOT / "configs" / f"{config}.yaml")
 
 
 def test_cohort_size_is_checked_for_the_vectorized_executor():
-    assert error_of("federation.executor=vectorized", "federation.cohort_size=0") == \
-        "Config key 'federation.cohort_size' must be null or an integer >= 1; got 0."
+    assert (
+        error_of("federation.executor=vectorized", "federation.cohort_size=0")
+        == "Config key 'federation.cohort_size' must be null or an integer >= 1; got 0."
+    )
 
 
 def test_malformed_yaml_gives_the_line(tmp_path):
@@ -114,11 +165,34 @@ def test_relative_data_root_resolves_against_cwd(tmp_path, monkeypatch):
     assert cfg.data.root == str(tmp_path / "some" / "dir")
 
 
-@pytest.mark.parametrize("method", ["local", "fedala", "fedprox", "fedavg_c", "fedprox_c", "fedavg_e", "fedavgm", "ditto",
-                                    "pfedme", "perfedavg", "fedrep", "lgfedavg", "fedbn", "fedamp", "fedfomo",
-                                    "pfedhn", "apple", "fedphp"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "local",
+        "fedala",
+        "fedprox",
+        "fedavg_c",
+        "fedprox_c",
+        "fedavg_e",
+        "fedavgm",
+        "ditto",
+        "pfedme",
+        "perfedavg",
+        "fedrep",
+        "lgfedavg",
+        "fedbn",
+        "fedamp",
+        "fedfomo",
+        "pfedhn",
+        "apple",
+        "fedphp",
+    ],
+)
 def test_baseline_configs_run_on_fedalas_mnist_federation(method):
-    cfg, fedavg = load_config(ROOT / "configs" / f"{method}.yaml", []), load_config(ROOT / "configs" / "fedavg.yaml", [])
+    cfg, fedavg = (
+        load_config(ROOT / "configs" / f"{method}.yaml", []),
+        load_config(ROOT / "configs" / "fedavg.yaml", []),
+    )
     assert cfg.data == fedavg.data and cfg.federation == fedavg.federation and cfg.method.name == method
 
 
@@ -131,8 +205,7 @@ def test_ala_switches_on_for_fedavg():
 
 def test_keys_of_another_method_are_refused():
     # quickstart.yaml sets FedALA's s, p, eta: FedAvg has no such keys.
-    assert "Unknown config key 'method.s'. Valid keys in section 'method': ala, name." in error_of(
-        "method.name=fedavg")
+    assert "Unknown config key 'method.s'. Valid keys in section 'method': ala, name." in error_of("method.name=fedavg")
 
 
 def test_a_key_in_the_wrong_section_suggests_its_full_dotted_key():

@@ -1,20 +1,17 @@
 """Ditto: the personal step's pull λ(v − w), the uploaded global copy and what is evaluated."""
 
-
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from conftest import last_metrics
+from plfl.batches import batch_loader
 from plfl.checkpoint import load_latest_checkpoint
-from plfl.client import batch_loader
 from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
-from plfl.methods.ditto import Ditto
-from plfl.methods.schemas import DittoConfig
+from plfl.methods.ditto import Ditto, DittoConfig
 from plfl.seeding import LOCAL_TRAINING, PERSONAL_TRAINING, derive_seed
-from test_federation import make_context, run_hook
-from test_pfedla import run_loop
+
+from conftest import last_metrics, make_context, run_hook, run_loop, sequential
 
 
 def make_method(data, **keys):
@@ -27,25 +24,27 @@ def test_personal_step_adds_lambda_pull_and_upload_is_fedavgs_global_copy(tiny_f
     method, context = make_method(tiny_federation, lam=lam)
     w = method.global_params
     v = {k: t + 0.3 * torch.randn(t.shape, generator=torch.Generator().manual_seed(1)) for k, t in w.items()}
-    result = run_hook(context, method.local_train(client, v, round_=2))
+    result = run_hook(context, method.local_train(client, v, w, round_=2))  # w: the received global model
 
     # Independent SGD on CE(v) + λ/2‖v − w‖²: v ← v − lr (∇CE(v) + λ (v − w)), same batch order.
     data = tiny_federation.clients[client]
     expected = {k: t.clone().requires_grad_() for k, t in v.items()}
     for x, y in batch_loader(data.x_train, data.y_train, 5, derive_seed(0, 2, client, PERSONAL_TRAINING)):
-        loss = F.cross_entropy(functional_call(context.model, expected, (x,)), y)
+        loss = F.cross_entropy(functional_call(context.architecture, expected, (x,)), y)
         grads = torch.autograd.grad(loss, list(expected.values()))
         with torch.no_grad():
-            expected = {k: (t - lr * (g + lam * (t - w[k]))).requires_grad_()
-                        for (k, t), g in zip(expected.items(), grads)}
+            expected = {
+                k: (t - lr * (g + lam * (t - w[k]))).requires_grad_() for (k, t), g in zip(expected.items(), grads)
+            }
     for key, value in expected.items():
         torch.testing.assert_close(result.params[key], value.detach())
 
     # The upload is FedAvg's local training from w (the received global), bit for bit.
-    fedavg = context.local_trainer.train(w, data.x_train, data.y_train, seed=derive_seed(0, 2, client, LOCAL_TRAINING),
-                                         epochs=1)
+    fedavg = sequential(context).trainer.train(
+        w, data.x_train, data.y_train, seed=derive_seed(0, 2, client, LOCAL_TRAINING), epochs=1
+    )
     assert all(torch.equal(result.upload[k], t) for k, t in fedavg.params.items())
-    assert method.client_message(client, result) is result.upload
+    assert method.client_message(client, result, round_=2) is result.upload
     assert result.samples_seen == 2 * data.num_train  # one personal and one global epoch
 
 
@@ -58,7 +57,7 @@ def test_personal_model_is_what_each_client_evaluates(tiny_federation):
         personal = context.store.get(row["client"], "model")
         assert not torch.equal(personal["head.weight"], method.global_params["head.weight"])
         data = tiny_federation.clients[row["client"]]
-        assert context.local_trainer.evaluate(personal, data.x_test, data.y_test).correct == row["correct"]
+        assert sequential(context).trainer.evaluate(personal, data.x_test, data.y_test).correct == row["correct"]
 
 
 def test_global_model_is_fedavgs_bit_for_bit(digits_config):
@@ -70,4 +69,3 @@ def test_global_model_is_fedavgs_bit_for_bit(digits_config):
     last = last_metrics(ditto)
     assert float(last["accuracy"]) > 0.3  # 10 classes: chance is 0.1 (measured 0.50 personal, 0.26 global)
     assert float(last["accuracy"]) != float(last["global_accuracy"])
-

@@ -35,4 +35,5 @@ def test_block_appears_verbatim_in_the_repository(language, block, name):
     files = [path for pattern in SOURCES[language] for path in sorted(ROOT.glob(pattern))]
     assert any(block in path.read_text() for path in files), (
         f"The {language} block at {name!r} is not in any of {', '.join(SOURCES[language])}: copy it again "
-        "from the file it shows, or fix the file.")
+        "from the file it shows, or fix the file."
+    )

@@ -1,4 +1,5 @@
-"""Executors: the vectorized executor trains and evaluates as the sequential one does, and falls back with a notice."""
+"""Executors: the vectorized executor trains, steps and evaluates as the sequential one does, and falls back with a
+notice (every method's parity on every executor: test_executor_matrix.py)."""
 
 import contextlib
 import copy
@@ -9,25 +10,41 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from plfl.batches import training_rows
 from plfl.checkpoint import load_latest_checkpoint
-from plfl.client import ClientModule, LocalTrainer, ProximalTerm, TrainResult, build_trainer
-from plfl.config import FederationConfig
-from plfl.errors import ConfigError, PlflWarning
-from plfl.executors import (ClientFailure, EvalTask, LocalAggregationTask, SequentialExecutor, TrainTask,
-                            VectorizedExecutor, build_executor)
-from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms, shuffled_rows
-from plfl.executors.step_graphs import StepGraphs
+from plfl.client import ClientModule
+from plfl.config import ExperimentConfig, FederationConfig, TrainerConfig
 from plfl.data import ClientData, FederatedData
+from plfl.errors import ConfigError, PlflWarning
+from plfl.executors import VectorizedExecutor, build_executor
+from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms
+from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
-from plfl.methods.schemas import ALAConfig
+from plfl.methods import methods
+from plfl.methods.ala import ALAConfig, local_aggregation
 from plfl.models import build_model
-from test_federation import make_context
+from plfl.tasks import ClientFailure, EvalTask, ProximalTerm, StepTask, TrainResult, TrainTask
 
-# (method, options of both runs); FedAvg with momentum and short last batches (n mod 7 ≠ 0).
-PARITY = [("fedavg", {"federation.momentum": 0.5, "federation.batch_size": 7}), ("local", {}),
-          ("fedala", {"method.p": 2}), ("selffl", {"method.warmup_rounds": 1, "method.l_max": 5}),
-          ("fedftha", {}), ("ditto", {}), ("fedrep", {}), ("fedavg_c", {}), ("fedprox", {"method.mu": 0.1}),
-          ("pfedla", {}), ("heurpfedla", {"method.k": 1})]  # pFedLA: per-client start models from the server
+from conftest import make_context, matrix_config, run_results, sequential
+
+
+def vectorized(context, cohort_size=None, augment=False) -> VectorizedExecutor:
+    """The vectorized executor of ``context`` on the CPU, falling back to its sequential one."""
+    federation = FederationConfig(**{**vars(context.federation), "executor": "vectorized", "cohort_size": cohort_size})
+    return VectorizedExecutor(
+        context.data, context.architecture, federation, torch.device("cpu"), "32-true", augment, sequential(context)
+    )
+
+
+def ala_tasks(context, config, messages, locals_, weights=None) -> list[StepTask]:
+    """The ALA step task of each client i (``messages[i]`` received, ``locals_[i]`` its old model, ``weights[i]``
+    its W_i or None for the initial stage), as plfl.methods.ala.local_aggregation yields it in round 1."""
+    tasks = []
+    for i, (message, local) in enumerate(zip(messages, locals_)):
+        if weights is not None and weights[i] is not None:
+            context.store.set(i, "ala_weights", weights[i])
+        tasks.append(next(local_aggregation(config, context, i, message, local, round_=1)))
+    return tasks
 
 
 def run(digits_config, executor, **options):
@@ -41,14 +58,19 @@ def run(digits_config, executor, **options):
     return rounds, clients, [client["model"] for client in store]
 
 
-@pytest.mark.parametrize("method, options", PARITY, ids=[m for m, _ in PARITY])
-def test_vectorized_trains_and_evaluates_as_sequential(digits_config, method, options):
-    options = {"method.name": method, **options}
-    sequential = run(digits_config, "sequential", **options)
-    vectorized = run(digits_config, "vectorized", **options, **{"federation.cohort_size": 3})  # 5 clients: 2 cohorts
-    for one, other in zip(sequential[:2], vectorized[:2]):
-        assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
-    for one, other in zip(sequential[2], vectorized[2]):
+@pytest.mark.parametrize("method", sorted(methods()))
+def test_vectorized_runs_every_method_as_sequential(tmp_path, sequential_results, method):
+    """Every method's training, own steps and evaluation in lock-step (5 clients in cohorts of 3 and 2): the
+    sequential executor's accuracies (to 4 decimals) and final models (to 1e-5), with no fallback."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
+        run_dir, _ = run_experiment(matrix_config(tmp_path, method, "vectorized", **{"federation.cohort_size": 3}))
+    metrics, clients, models = run_results(run_dir)
+    expected_metrics, expected_clients, expected_models = sequential_results(method)
+    for rows, expected in ((metrics, expected_metrics), (clients, expected_clients)):
+        accuracy = [round(float(row["accuracy"]), 4) for row in rows if row["accuracy"]]
+        assert accuracy == [round(float(row["accuracy"]), 4) for row in expected if row["accuracy"]]
+    for one, other in zip(models, expected_models):
         assert one.keys() == other.keys()
         for key in one:
             torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
@@ -71,20 +93,20 @@ def test_batch_order_is_local_trainers_across_fits_and_epochs(tiny_federation, m
     x, y = torch.arange(23.0).unsqueeze(1).repeat(1, 8), torch.zeros(23, dtype=torch.long)
     for options in ({"epochs": 2}, {"steps": 7}, {"steps": 12}, {"epochs": 1}):  # steps run on into later epochs
         seen.clear()
-        context.local_trainer.train(context.model.state_dict(), x, y, seed=11, **options)
-        rows = shuffled_rows(23, 5, 11, **options)
+        sequential(context).trainer.train(context.architecture.state_dict(), x, y, seed=11, **options)
+        rows = training_rows(23, 5, 11, **options)
         assert seen == [[i for i in row if i >= 0] for row in rows.tolist()]
 
 
 def test_a_diverging_client_fails_alone(tiny_federation):
     context, model = make_context(tiny_federation)
-    executor = VectorizedExecutor(tiny_federation, context.local_trainer, torch.device("cpu"), None, "32-true")
+    executor = vectorized(context)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     broken = {**start, "head.bias": torch.full_like(start["head.bias"], float("nan"))}
     tasks = [TrainTask(i, broken if i == 2 else start, seed=i, epochs=1) for i in range(4)]
     results = executor.train(tasks)
     assert results[2] == ClientFailure("its trained parameter 'body.1.weight' holds NaN or Inf (training diverged)")
-    expected = SequentialExecutor(tiny_federation, context.local_trainer).train(tasks[:2] + tasks[3:])
+    expected = sequential(context).train(tasks[:2] + tasks[3:])
     for result, alone in zip(results[:2] + results[3:], expected):
         assert isinstance(result, TrainResult) and result.samples_seen == alone.samples_seen
         for key in alone.params:
@@ -95,8 +117,7 @@ def test_a_diverging_client_fails_alone(tiny_federation):
 def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
     """Per-client batch statistics of the real samples only (batch 7: short last batches; a client with
     n mod 7 = 1 drops a sample each epoch, LocalTrainer's BatchNorm rule) and per-client running statistics."""
-    options = {"method.name": method, "model.batch_norm": True, "federation.batch_size": 7,
-               "federation.momentum": 0.5}
+    options = {"method.name": method, "model.batch_norm": True, "federation.batch_size": 7, "federation.momentum": 0.5}
     sequential = run(digits_config, "sequential", **options)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
@@ -133,8 +154,14 @@ class NoOpGraph:
 
 def fake_cuda(monkeypatch, graph) -> None:
     """torch.cuda's stream and graph calls faked (CI has no GPU), ``graph`` in place of ``torch.cuda.graph``."""
-    for name, fake in {"graph_pool_handle": lambda: None, "Stream": FakeStream, "current_stream": FakeStream,
-                       "stream": lambda s: contextlib.nullcontext(), "CUDAGraph": NoOpGraph, "graph": graph}.items():
+    for name, fake in {
+        "graph_pool_handle": lambda: None,
+        "Stream": FakeStream,
+        "current_stream": FakeStream,
+        "stream": lambda s: contextlib.nullcontext(),
+        "CUDAGraph": NoOpGraph,
+        "graph": graph,
+    }.items():
         monkeypatch.setattr(torch.cuda, name, fake)
 
 
@@ -145,9 +172,12 @@ def test_a_step_cuda_cannot_capture_runs_without_graphs_after_one_notice(monkeyp
     fake_cuda(monkeypatch, refuse)
     counter = torch.zeros(())
     steps = StepGraphs(capture=True, warmup=2)
-    with pytest.warns(PlflWarning, match=r"^federation.cuda_graphs: capturing a lock-step step failed \(operation "
-                                         r"not permitted when stream is capturing\); the vectorized executor runs "
-                                         r"its steps without CUDA graphs.$"):
+    with pytest.warns(
+        PlflWarning,
+        match=r"^federation.cuda_graphs: capturing a lock-step step failed \(operation "
+        r"not permitted when stream is capturing\); the vectorized executor runs "
+        r"its steps without CUDA graphs.$",
+    ):
         steps("add", lambda: counter.add_(1.0), lambda: [counter])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -168,38 +198,48 @@ def test_a_graph_that_replays_wrongly_is_dropped_before_it_trains_anyone(monkeyp
 
 def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
     """A CUDA graph's capture needs warm-up calls of the step first; the tensors they train (BatchNorm statistics,
-    momentum, loss sums; ALA's weights and losses) or count into (evaluation) are restored after, so that each
-    client still takes exactly its own steps."""
+    momentum, loss sums; a method's step state and losses, here ALA's) or count into (evaluation) are restored
+    after, so that each client still takes exactly its own steps."""
     model = build_model("mlp", tiny_federation.input_shape, tiny_federation.num_classes, [16], batch_norm=True)
-    trainer = LocalTrainer(ClientModule(model, tiny_federation.num_classes, lr=0.1, momentum=0.5),
-                           build_trainer("cpu", 1, "32-true"), 5)
+    context, _ = make_context(tiny_federation, model=model, momentum=0.5)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     anchor = {k: v + 0.1 for k, v in start.items()}
     tasks = [TrainTask(i, start, seed=i, epochs=2, proximal=ProximalTerm(anchor, 0.3)) for i in range(4)]
-    ala = [LocalAggregationTask(i, anchor, start, None, seed=i, config=ALAConfig(s=80, p=2, max_init_epochs=4))
-           for i in range(4)]
+    ala = ala_tasks(context, ALAConfig(s=80, p=2, max_init_epochs=4), [anchor] * 4, [start] * 4)
     results = []
     for warmup in (0, 3):
-        executor = VectorizedExecutor(tiny_federation, trainer, torch.device("cpu"), 3, "32-true")
-        executor.steps = executor.ala.steps = StepGraphs(capture=False, warmup=warmup)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="ALA's initial stage")  # capped at 4 epochs
-            results.append((executor.train(tasks), executor.aggregate_locally(ala),
-                            executor.evaluate([EvalTask(i, anchor) for i in range(4)] + [EvalTask(None, anchor)])))
-    (trained, aggregated, evaluated), (trained_warm, aggregated_warm, evaluated_warm) = results
+        executor = vectorized(context, cohort_size=3)
+        executor.graphs = executor.stacked_steps.graphs = StepGraphs(capture=False, warmup=warmup)
+        results.append(
+            (
+                executor.train(tasks),
+                executor.step(ala),
+                executor.evaluate([EvalTask(i, anchor) for i in range(4)] + [EvalTask(None, anchor)]),
+            )
+        )
+    (trained, stepped, evaluated), (trained_warm, stepped_warm, evaluated_warm) = results
     assert evaluated == evaluated_warm
     for once, warmed in zip(trained, trained_warm):
         assert once.loss == warmed.loss and once.samples_seen == warmed.samples_seen
         assert all(torch.equal(once.params[k], warmed.params[k]) for k in start)
-    for once, warmed in zip(aggregated, aggregated_warm):
-        assert once.epochs == warmed.epochs
-        assert all(torch.equal(once.weights[k], warmed.weights[k]) for k in once.weights)
+    for once, warmed in zip(stepped, stepped_warm):
+        assert once.epoch_losses == warmed.epoch_losses
+        assert all(torch.equal(once.state[k], warmed.state[k]) for k in once.state)
 
 
 # Ops that read a tensor's value on the host (item, bool, nonzero's size, ...): on a GPU each waits for the
 # device, which CUDA forbids while it captures a graph.
-SYNCHRONISING = {"aten._local_scalar_dense", "aten.nonzero", "aten.masked_select", "aten.is_nonzero", "aten.equal",
-                 "aten._unique2", "aten.unique_consecutive", "aten.unique_dim", "aten.repeat_interleave"}
+SYNCHRONISING = {
+    "aten._local_scalar_dense",
+    "aten.nonzero",
+    "aten.masked_select",
+    "aten.is_nonzero",
+    "aten.equal",
+    "aten._unique2",
+    "aten.unique_consecutive",
+    "aten.unique_dim",
+    "aten.repeat_interleave",
+}
 
 
 class RecordOps(TorchDispatchMode):
@@ -216,11 +256,20 @@ class RecordOps(TorchDispatchMode):
 def tiny_images() -> FederatedData:
     """3 clients of 7, 12 and 5 random 1×28×28 images, 3 classes."""
     g = torch.Generator().manual_seed(0)
-    return FederatedData("images", [ClientData(torch.randn(n, 1, 28, 28, generator=g),
-                                               torch.randint(0, 3, (n,), generator=g),
-                                               torch.randn(4, 1, 28, 28, generator=g),
-                                               torch.randint(0, 3, (4,), generator=g)) for n in (7, 12, 5)],
-                         num_classes=3, input_shape=(1, 28, 28))
+    return FederatedData(
+        "images",
+        [
+            ClientData(
+                torch.randn(n, 1, 28, 28, generator=g),
+                torch.randint(0, 3, (n,), generator=g),
+                torch.randn(4, 1, 28, 28, generator=g),
+                torch.randint(0, 3, (4,), generator=g),
+            )
+            for n in (7, 12, 5)
+        ],
+        num_classes=3,
+        input_shape=(1, 28, 28),
+    )
 
 
 @pytest.mark.parametrize("p", [2, 3], ids=["ala-head-only", "ala-with-body"])
@@ -228,23 +277,22 @@ def test_training_ala_and_evaluation_steps_never_read_a_tensor_on_the_host(tiny_
     """What a CUDA graph can capture: the recorded steps (training a BatchNorm CNN with momentum and a proximal
     term, ALA, evaluation) dispatch no op that synchronises the device with the host."""
     model = build_model("cnn", tiny_images.input_shape, tiny_images.num_classes, batch_norm=True)
-    trainer = LocalTrainer(ClientModule(model, tiny_images.num_classes, lr=0.1, momentum=0.5),
-                           build_trainer("cpu", 1, "32-true"), 5)
-    executor = VectorizedExecutor(tiny_images, trainer, torch.device("cpu"), None, "32-true")
+    context, _ = make_context(tiny_images, model=model, momentum=0.5)
+    executor = vectorized(context)
     recorder = RecordOps()
 
     def recorded(step):
         def run(*args):
             with recorder:
                 step(*args)
+
         return run
 
-    for owner, name in ((executor, "_train_step"), (executor.ala, "_step"), (executor, "_evaluation_step")):
+    for owner, name in ((executor, "_train_step"), (executor.stacked_steps, "_step"), (executor, "_evaluation_step")):
         setattr(owner, name, recorded(getattr(owner, name)))
     start = model.state_dict()
     executor.train([TrainTask(i, start, seed=i, epochs=1, proximal=ProximalTerm(start, 0.1)) for i in range(3)])
-    executor.aggregate_locally([LocalAggregationTask(i, start, start, None, seed=i, config=ALAConfig(p=p))
-                                for i in range(3)])
+    executor.step(ala_tasks(context, ALAConfig(p=p), [start] * 3, [start] * 3))
     executor.evaluate([EvalTask(i, start) for i in range(3)] + [EvalTask(None, start)])
     assert {"aten.convolution_backward", "aten.max_pool2d_with_indices", "aten.argmax"} <= recorder.ops
     assert not recorder.ops & SYNCHRONISING
@@ -255,8 +303,10 @@ def test_an_unsupported_layer_falls_back_to_sequential_with_one_notice(digits_co
     with pytest.warns(PlflWarning) as caught:
         vectorized = run(digits_config, "vectorized", **options)
     notices = [str(w.message) for w in caught if "federation.executor" in str(w.message)]
-    assert notices == ["federation.executor=vectorized runs this work on the sequential executor: "
-                       "trainer.precision=bf16-mixed (it computes in float32 only)."]
+    assert notices == [
+        "federation.executor=vectorized runs this work on the sequential executor: "
+        "trainer.precision=bf16-mixed (it computes in float32 only)."
+    ]
     sequential = run(digits_config, "sequential", **options)
     assert vectorized[:2] == sequential[:2]
     assert all(torch.equal(a[k], b[k]) for a, b in zip(vectorized[2], sequential[2]) for k in a)
@@ -264,42 +314,59 @@ def test_an_unsupported_layer_falls_back_to_sequential_with_one_notice(digits_co
 
 def test_augmentation_falls_back_for_training_only(tiny_federation):
     context, model = make_context(tiny_federation)
-    context.local_trainer.module.train_transform = lambda x, generator: x
-    executor = VectorizedExecutor(tiny_federation, context.local_trainer, torch.device("cpu"), None, "32-true")
+    executor = vectorized(context, augment=True)
     start = model.state_dict()
-    with pytest.warns(PlflWarning, match="runs this work on the sequential executor: data.augment draws random "
-                                         "crops and flips.$"):
+    with pytest.warns(
+        PlflWarning, match="runs this work on the sequential executor: data.augment draws random crops and flips.$"
+    ):
         executor.train([TrainTask(0, start, seed=0, epochs=1)])
     tasks = [EvalTask(1, start), EvalTask(None, start)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no notice: evaluation stays vectorized
         results = executor.evaluate(tasks)
-    for result, expected in zip(results, SequentialExecutor(tiny_federation, context.local_trainer).evaluate(tasks)):
+    for result, expected in zip(results, sequential(context).evaluate(tasks)):
         assert result.correct == expected.correct and result.total == expected.total
         assert result.loss == pytest.approx(expected.loss, abs=1e-6)
 
 
-def test_a_subset_of_the_training_split_trains_on_those_samples_only(tiny_federation):
+def test_a_subset_of_the_training_split_trains_and_evaluates_on_those_samples_only(tiny_federation):
+    """FedFomo's validation hold-out: training and evaluation on part of a client's training split, in lock-step
+    with a client that trains on all of it (no fallback)."""
     context, model = make_context(tiny_federation)
-    executor = VectorizedExecutor(tiny_federation, context.local_trainer, torch.device("cpu"), None, "32-true")
-    start, samples = {k: v.clone() for k, v in model.state_dict().items()}, torch.tensor([0, 2, 3, 5, 7])
-    with pytest.warns(PlflWarning, match="part of a client's training split"):
-        (result,) = executor.train([TrainTask(0, start, seed=0, epochs=1, samples=samples)])
+    start, samples = {k: v.clone() for k, v in model.state_dict().items()}, torch.tensor([0, 2, 3, 5, 7, 9, 1])
+    tasks = [TrainTask(0, start, seed=0, epochs=2, samples=samples), TrainTask(1, start, seed=1, epochs=2)]
+    evaluations = [EvalTask(0, start, samples=samples), EvalTask(1, start)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        results, evaluated = vectorized(context).train(tasks), vectorized(context).evaluate(evaluations)
     client = tiny_federation.clients[0]
-    expected = context.local_trainer.train(start, client.x_train[samples], client.y_train[samples], seed=0, epochs=1)
-    assert result.samples_seen == 5 and all(torch.equal(result.params[k], v) for k, v in expected.params.items())
+    expected = sequential(context).trainer.train(
+        start, client.x_train[samples], client.y_train[samples], seed=0, epochs=2
+    )
+    assert results[0].samples_seen == 14
+    for key, value in expected.params.items():
+        torch.testing.assert_close(results[0].params[key], value, atol=1e-6, rtol=0)
+    for one, other in zip(evaluated, sequential(context).evaluate(evaluations)):
+        assert (one.correct, one.total) == (other.correct, other.total) and one.total in (7, 6)
+        assert one.loss == pytest.approx(other.loss, abs=1e-6)
 
 
 def test_vectorized_needs_a_device_it_knows(tiny_federation):
-    context, _ = make_context(tiny_federation)
-    with pytest.raises(ConfigError, match="federation.executor=vectorized runs on trainer.accelerator cpu, gpu, cuda, "
-                                          "mps or auto, not tpu. Set federation.executor=sequential."):
-        build_executor(FederationConfig(executor="vectorized"), tiny_federation, context.local_trainer, "tpu",
-                       "32-true")
+    _, model = make_context(tiny_federation)
+    config = ExperimentConfig(
+        federation=FederationConfig(executor="vectorized"), trainer=TrainerConfig(accelerator="tpu")
+    )
+    with pytest.raises(
+        ConfigError,
+        match="federation.executor=vectorized runs on trainer.accelerator cpu, gpu, cuda, "
+        "mps or auto, not tpu. Set federation.executor=sequential.",
+    ):
+        build_executor(config, tiny_federation, model)
 
 
-@pytest.mark.parametrize("p, shared", [(2, True), (2, False), (3, True)],
-                         ids=["head-only", "head-only-separate-messages", "with-body"])
+@pytest.mark.parametrize(
+    "p, shared", [(2, True), (2, False), (3, True)], ids=["head-only", "head-only-separate-messages", "with-body"]
+)
 def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p, shared):
     """Clients in and after the initial stage together, in 2 cohorts: the same W_i, models and epochs as one
     client at a time (FedALA, Eq. 3–5), including clients that settle after different numbers of epochs; with
@@ -310,19 +377,15 @@ def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p,
     config = ALAConfig(s=80, p=p, eta=2.0, threshold=0.02, num_pre_loss=2, max_init_epochs=6)
     top = [name for name, _ in model.named_parameters()][-p:]
     weights = [None, {k: torch.rand_like(states[1][k]) for k in top}, None, None]
-    tasks = [LocalAggregationTask(i, states[0] if shared else dict(states[0]), states[i], weights[i], seed=10 + i,
-                                  config=config) for i in range(4)]
-    sequential = SequentialExecutor(context.data, context.local_trainer).aggregate_locally(tasks)
-    vectorized = VectorizedExecutor(context.data, context.local_trainer, torch.device("cpu"), 2,
-                                    "32-true").aggregate_locally(tasks)
-    assert [o.epochs for o in vectorized] == [o.epochs for o in sequential]
-    assert sequential[1].epochs == 1 and len({o.epochs for o in sequential}) > 1  # the initial stages differ
-    for one, other in zip(sequential, vectorized):
-        assert one.weights.keys() == other.weights.keys() == set(top)
-        for key in one.params:
-            torch.testing.assert_close(one.params[key], other.params[key], atol=1e-5, rtol=0)
-        for key in one.weights:
-            torch.testing.assert_close(one.weights[key], other.weights[key], atol=1e-5, rtol=0)
+    tasks = ala_tasks(context, config, [states[0] if shared else dict(states[0]) for _ in range(4)], states, weights)
+    one_by_one = sequential(context).step(tasks)
+    together = vectorized(context, cohort_size=2).step(tasks)
+    assert [o.epochs for o in together] == [o.epochs for o in one_by_one]
+    assert one_by_one[1].epochs == 1 and len({o.epochs for o in one_by_one}) > 1  # the initial stages differ
+    for one, other in zip(one_by_one, together):
+        assert one.state.keys() == other.state.keys() == set(top)
+        for key in one.state:
+            torch.testing.assert_close(one.state[key], other.state[key], atol=1e-5, rtol=0)
 
 
 def test_resnet18_trains_and_evaluates_vectorized_as_sequential():
@@ -331,26 +394,30 @@ def test_resnet18_trains_and_evaluates_vectorized_as_sequential():
     values at ResNet's 1×1 last stage is ill-conditioned, so float32 rounding grows step by step (two correct
     implementations drift apart by 1e-3 to 1e-1 within 2–4 steps, with padding or without)."""
     g = torch.Generator().manual_seed(0)
-    clients = [ClientData(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 4, (n,), generator=g),
-                          torch.randn(4, 3, 32, 32, generator=g), torch.randint(0, 4, (4,), generator=g))
-               for n in (7, 4, 5)]
+    clients = [
+        ClientData(
+            torch.randn(n, 3, 32, 32, generator=g),
+            torch.randint(0, 4, (n,), generator=g),
+            torch.randn(4, 3, 32, 32, generator=g),
+            torch.randint(0, 4, (4,), generator=g),
+        )
+        for n in (7, 4, 5)
+    ]
     data = FederatedData("images", clients, num_classes=4, input_shape=(3, 32, 32))
     torch.manual_seed(0)
     model = build_model("resnet18", data.input_shape, data.num_classes)
-    trainer = LocalTrainer(ClientModule(model, data.num_classes, lr=0.01, momentum=0.5),
-                           build_trainer("cpu", 1, "32-true"), 5)
+    context, _ = make_context(data, model=model, lr=0.01, momentum=0.5)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     tasks = [TrainTask(i, start, seed=i, steps=1) for i in range(3)]
-    sequential = SequentialExecutor(data, trainer)
-    vectorized = VectorizedExecutor(data, trainer, torch.device("cpu"), None, "32-true")
-    trained = [sequential.train(tasks), vectorized.train(tasks)]
+    one_by_one, together = sequential(context), vectorized(context)
+    trained = [one_by_one.train(tasks), together.train(tasks)]
     assert [r.samples_seen for r in trained[1]] == [r.samples_seen for r in trained[0]] == [5, 4, 5]
     for one, other in zip(*trained):
         assert one.loss == pytest.approx(other.loss, rel=1e-3)
         for key in one.params:
             torch.testing.assert_close(one.params[key], other.params[key], atol=1e-4, rtol=0)
     evals = [EvalTask(i, r.params) for i, r in enumerate(trained[0])]
-    for one, other in zip(sequential.evaluate(evals), vectorized.evaluate(evals)):
+    for one, other in zip(one_by_one.evaluate(evals), together.evaluate(evals)):
         assert one.correct == other.correct
         assert one.loss == pytest.approx(other.loss, rel=1e-3)
 

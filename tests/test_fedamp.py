@@ -7,13 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from conftest import last_metrics
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
-from plfl.methods.fedamp import FedAMP, attention_weights, cloud_model
-from plfl.methods.schemas import FedAMPConfig
-from test_federation import make_context, run_hook
+from plfl.methods.fedamp import FedAMP, FedAMPConfig, attention_weights, cloud_model
+
+from conftest import last_metrics, make_context, run_hook
 
 
 def test_identical_clients_get_equal_cloud_models_and_a_dissimilar_one_is_down_weighted():
@@ -22,9 +21,9 @@ def test_identical_clients_get_equal_cloud_models_and_a_dissimilar_one_is_down_w
     models = {"w": torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]), "b": torch.zeros(3, 1)}
     xi = attention_weights(models, alpha=0.5, sigma=2.0)
     e = math.exp(-1)
-    expected = torch.tensor([[0.75 - 0.25 * e, 0.25, 0.25 * e],
-                             [0.25, 0.75 - 0.25 * e, 0.25 * e],
-                             [0.25 * e, 0.25 * e, 1 - 0.5 * e]])
+    expected = torch.tensor(
+        [[0.75 - 0.25 * e, 0.25, 0.25 * e], [0.25, 0.75 - 0.25 * e, 0.25 * e], [0.25 * e, 0.25 * e, 1 - 0.5 * e]]
+    )
     torch.testing.assert_close(xi, expected)
     assert xi[0, 2] < xi[0, 1]  # the dissimilar client weighs less
     u = [cloud_model(xi[i], i, models) for i in range(3)]
@@ -36,21 +35,22 @@ def test_identical_clients_get_equal_cloud_models_and_a_dissimilar_one_is_down_w
 
 
 def test_client_trains_its_own_model_pulled_towards_the_cloud_model(tiny_federation):
-    context, model = make_context(tiny_federation)
-    context.local_trainer.batch_size = 100  # the whole split in one batch: one SGD step per epoch
+    # Batches of 100: the whole split in one batch, one SGD step per epoch.
+    context, model = make_context(tiny_federation, batch_size=100)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     method = FedAMP(FedAMPConfig(alpha_k=0.25, lam=0.5), context, initial)
     method.models = {k: torch.stack([initial[k] + 0.1 * j for j in range(4)]) for k in method.models}  # w_j
     method.xi = torch.tensor([[0.0] * 4, [0.5, 0.2, 0.3, 0.0], [0.0] * 4, [0.0] * 4])
     cloud = {k: initial[k] + 0.1 + 0.5 * -0.1 + 0.3 * 0.1 for k in initial}  # u_1 = w_1 + Σ ξ_1j (w_j − w_1)
-    for key, value in method.server_message(1).items():
+    message = method.server_message(1, round_=0)
+    for key, value in message.items():
         torch.testing.assert_close(value, cloud[key])
     g = torch.Generator().manual_seed(3)
     own = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in initial.items()}
-    trained = run_hook(context, method.local_train(1, own, round_=1)).params
+    trained = run_hook(context, method.local_train(1, own, message, round_=1)).params
 
     # Independently: one SGD step from the client's own model on CE + λ/(2α_K)‖w − u_1‖², μ = 0.5 / 0.25 = 2.
-    client, lr = tiny_federation.clients[1], context.local_trainer.module.lr
+    client, lr = tiny_federation.clients[1], context.federation.lr
     leaves = {n: own[n].clone().requires_grad_() for n, _ in model.named_parameters()}
     loss = F.cross_entropy(functional_call(model, leaves, (client.x_train,)), client.y_train)
     for name, grad in zip(leaves, torch.autograd.grad(loss, list(leaves.values()))):

@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from plfl.client import ProximalTerm
 from plfl.config import load_config
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
-from plfl.methods.fedavg_c import FedAvgC, FedProxC
-from plfl.methods.schemas import FedAvgCConfig, FedProxCConfig
+from plfl.methods.fedavg_c import FedAvgC, FedAvgCConfig, FedProxC, FedProxCConfig
 from plfl.seeding import FINE_TUNING, LOCAL_TRAINING, derive_seed
-from test_federation import make_context, run_hook
+from plfl.tasks import ProximalTerm
+
+from conftest import make_context, run_hook, sequential
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,9 +29,10 @@ def test_initialisation_is_the_received_model_fine_tuned(tiny_federation, cls, c
     client = tiny_federation.clients[2]
     inits = []
     for round_ in (0, 3):  # round 0's evaluation is of a fine-tuned model as well
-        init = run_hook(context, method.pre_local_init(2, method.server_message(2), round_))
-        expected = context.local_trainer.train(method.global_params, client.x_train, client.y_train,
-                                               seed=derive_seed(5, round_, 2, FINE_TUNING), epochs=2)
+        init = run_hook(context, method.pre_local_init(2, method.server_message(2, round_), round_))
+        expected = sequential(context).trainer.train(
+            method.global_params, client.x_train, client.y_train, seed=derive_seed(5, round_, 2, FINE_TUNING), epochs=2
+        )
         assert equal(init, expected.params)
         assert not torch.equal(init["head.weight"], method.global_params["head.weight"])
         inits.append(init)
@@ -42,13 +43,23 @@ def test_fedprox_c_trains_from_the_fine_tuned_model_anchored_at_the_received_one
     context, model = make_context(tiny_federation, seed=5)
     method = FedProxC(FedProxCConfig(mu=0.5), context, {k: v.clone() for k, v in model.state_dict().items()})
     client = tiny_federation.clients[1]
-    init = run_hook(context, method.pre_local_init(1, method.server_message(1), round_=1))
-    trained = run_hook(context, method.local_train(1, init, round_=2)).params
+    received = method.server_message(1, round_=1)
+    init = run_hook(context, method.pre_local_init(1, received, round_=1))
+    trained = run_hook(context, method.local_train(1, init, received, round_=2)).params
 
     def independent(anchor):
-        return context.local_trainer.train(init, client.x_train, client.y_train, epochs=1,
-                                           seed=derive_seed(5, 2, 1, LOCAL_TRAINING),
-                                           proximal=ProximalTerm(anchor, 0.5)).params
+        return (
+            sequential(context)
+            .trainer.train(
+                init,
+                client.x_train,
+                client.y_train,
+                epochs=1,
+                seed=derive_seed(5, 2, 1, LOCAL_TRAINING),
+                proximal=ProximalTerm(anchor, 0.5),
+            )
+            .params
+        )
 
     assert equal(trained, independent(method.global_params))
     assert not equal(trained, independent(init))

@@ -3,19 +3,21 @@
 import torch
 
 from plfl.experiment import run_experiment
-from plfl.methods.fedavg import FedAvg
+from plfl.methods.fedavg import FedAvg, FedAvgConfig
 from plfl.methods.fedavg_e import FedAvgE
-from plfl.methods.schemas import FedAvgConfig, FedAvgEConfig
-from test_federation import make_context
+
+from conftest import make_context
 
 
 def test_aggregate_is_the_plain_mean_of_the_uploads(tiny_federation):
     context, model = make_context(tiny_federation)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    equal, weighted = FedAvgE(FedAvgEConfig(), context, initial), FedAvg(FedAvgConfig(), context, initial)
+    equal, weighted = FedAvgE(FedAvgE.config_class(), context, initial), FedAvg(FedAvgConfig(), context, initial)
     # Clients 0 and 3 hold 10 and 40 training samples.
-    messages = {0: {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(7)},
-                3: {"w": torch.tensor([4.0, 8.0]), "n": torch.tensor(9)}}
+    messages = {
+        0: {"w": torch.tensor([1.0, 2.0]), "n": torch.tensor(7)},
+        3: {"w": torch.tensor([4.0, 8.0]), "n": torch.tensor(9)},
+    }
     equal.aggregate(messages, round_=1)
     weighted.aggregate(messages, round_=1)
     torch.testing.assert_close(equal.global_params["w"], torch.tensor([2.5, 5.0]))  # (1 + 4) / 2, (2 + 8) / 2

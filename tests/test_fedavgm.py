@@ -8,9 +8,9 @@ import torch
 
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.experiment import run_experiment
-from plfl.methods.fedavgm import FedAvgM, server_momentum_step
-from plfl.methods.schemas import FedAvgMConfig
-from test_federation import make_context
+from plfl.methods.fedavgm import FedAvgM, FedAvgMConfig, server_momentum_step
+
+from conftest import make_context
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "fedavgm.yaml"
@@ -47,8 +47,9 @@ def test_velocity_is_server_state_and_resumes(tiny_federation):
         return FedAvgM(FedAvgMConfig(), context, {k: v.clone() for k, v in model.state_dict().items()})
 
     method, fresh = make(), make()
-    first, second = [{i: {k: v + shift * i for k, v in method.global_params.items()} for i in (0, 2)}
-                     for shift in (0.1, 0.3)]
+    first, second = [
+        {i: {k: v + shift * i for k, v in method.global_params.items()} for i in (0, 2)} for shift in (0.1, 0.3)
+    ]
     method.aggregate(first, round_=1)
     state = method.state_dict()
     assert set(state) == {"global_params", "velocity"} and set(state["velocity"]) == set(method.global_params)
@@ -60,15 +61,34 @@ def test_velocity_is_server_state_and_resumes(tiny_federation):
 
 def test_fedavgm_config_runs_end_to_end_with_the_cli(tmp_path):
     def plfl(*args):
-        return subprocess.run([sys.executable, "-m", "plfl.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=600, env={"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"})
+        return subprocess.run(
+            [sys.executable, "-m", "plfl.cli", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"},
+        )
 
     listed = plfl("methods", "fedavgm")
     assert listed.returncode == 0 and "method.server_momentum = 0.9" in listed.stdout
     # configs/fedavgm.yaml with the bundled digits instead of MNIST, and ALA on top (FedAvgM takes FedAvg's keys).
-    out = plfl("fit", "--config", str(CONFIG), "data.source=digits", "data.root=null", "data.num_clients=5",
-               "data.beta=0.5", "model.name=mlp", "federation.rounds=2", "federation.batch_size=20",
-               "federation.lr=0.05", "method.ala.s=50", "progress_bar=false", f"output_dir={tmp_path}")
+    out = plfl(
+        "fit",
+        "--config",
+        str(CONFIG),
+        "data.source=digits",
+        "data.root=null",
+        "data.num_clients=5",
+        "data.beta=0.5",
+        "model.name=mlp",
+        "federation.rounds=2",
+        "federation.batch_size=20",
+        "federation.lr=0.05",
+        "method.ala.s=50",
+        "progress_bar=false",
+        f"output_dir={tmp_path}",
+    )
     assert out.returncode == 0, out.stderr
     run_dir = Path(out.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))
     header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]

@@ -3,34 +3,27 @@
 import pytest
 import torch
 
-from conftest import last_metrics
-from plfl.client import ClientModule, LocalTrainer, build_trainer
-from plfl.config import FederationConfig
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
-from plfl.methods.base import FederationContext
 from plfl.methods.fedbn import FedBN
 from plfl.methods.partial import module_keys
-from plfl.methods.schemas import FedBNConfig
 from plfl.models import build_model
-from plfl.state import ClientStateStore
-from test_federation import run_hook
+
+from conftest import last_metrics, make_context, run_hook
 
 BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
 
 
 def make_method(data, batch_norm=True):
-    model = build_model("mlp", data.input_shape, data.num_classes, [16, 8], batch_norm)
-    trainer = LocalTrainer(ClientModule(model, data.num_classes, lr=0.1), build_trainer("cpu", 1, "32-true"), 5)
-    context = FederationContext(data, ClientStateStore(len(data.clients)), model, trainer, FederationConfig())
-    return FedBN(FedBNConfig(), context, {k: v.clone() for k, v in model.state_dict().items()}), context
+    context, model = make_context(data, build_model("mlp", data.input_shape, data.num_classes, [16, 8], batch_norm))
+    return FedBN(FedBN.config_class(), context, {k: v.clone() for k, v in model.state_dict().items()}), context
 
 
 def test_batch_norm_keys_are_named_by_module_type(tiny_federation):
     method, context = make_method(tiny_federation)
     # flatten, (linear, BN, ReLU) × 2: the BN layers are body.2 and body.5
     assert method.local_keys == {f"body.{i}.{key}" for i in (2, 5) for key in BN_KEYS}
-    assert module_keys(context.model, lambda name, _: name == "head") == {"head.weight", "head.bias"}
+    assert module_keys(context.architecture, lambda name, _: name == "head") == {"head.weight", "head.bias"}
 
 
 def test_a_model_without_batch_norm_is_refused(tiny_federation):
@@ -41,14 +34,15 @@ def test_a_model_without_batch_norm_is_refused(tiny_federation):
 def test_after_a_round_batch_norm_is_each_clients_own_and_the_rest_the_average(tiny_federation):
     method, context = make_method(tiny_federation)
     for client_id in range(4):
-        context.store.set(client_id, "model", method.pre_local_init(client_id, method.server_message(client_id), 0))
+        context.store.set(client_id, "model", method.pre_local_init(client_id, method.server_message(client_id, 0), 0))
     trained, messages = {}, {}
     for client_id in (0, 1, 3):  # the loop's order: train, store, upload
-        result = run_hook(context, method.local_train(client_id, context.store.get(client_id, "model"), round_=1))
+        received = method.server_message(client_id, 0)
+        result = run_hook(context, method.local_train(client_id, context.store.get(client_id, "model"), received, 1))
         context.store.set(client_id, "model", result.params)
-        trained[client_id], messages[client_id] = result.params, method.client_message(client_id, result)
+        trained[client_id], messages[client_id] = result.params, method.client_message(client_id, result, 1)
     method.aggregate(messages, round_=1)
-    models = {i: method.pre_local_init(i, method.server_message(i), round_=1) for i in trained}
+    models = {i: method.pre_local_init(i, method.server_message(i, 1), round_=1) for i in trained}
     n = {i: tiny_federation.clients[i].num_train for i in trained}
     for key in trained[0]:
         if key in method.local_keys:

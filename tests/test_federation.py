@@ -4,32 +4,11 @@ import lightning as L
 import pytest
 import torch
 
-from plfl.client import ClientModule, LocalTrainer, build_trainer
-from plfl.config import FederationConfig
-from plfl.executors import ClientFailure, SequentialExecutor, drive, resolved
 from plfl.experiment import run_experiment
-from plfl.methods.base import FederationContext
-from plfl.methods.fedala import FedALA
-from plfl.methods.fedavg import FedAvg, weighted_average
-from plfl.methods.schemas import FedALAConfig, FedAvgConfig
-from plfl.models import build_model
-from plfl.state import ClientStateStore
+from plfl.methods.fedala import FedALA, FedALAConfig
+from plfl.methods.fedavg import FedAvg, FedAvgConfig, weighted_average
 
-
-def make_context(data, **federation):
-    model = build_model("mlp", data.input_shape, data.num_classes, [16])
-    trainer = LocalTrainer(ClientModule(model, data.num_classes, lr=0.1), build_trainer("cpu", 1, "32-true"), 5)
-    fed = FederationConfig(**federation)
-    return FederationContext(data, ClientStateStore(len(data.clients)), model, trainer, fed), model
-
-
-def run_hook(context, value, executor=None):
-    """A method hook's value, the training tasks it yields (if any) run by ``executor`` (default: sequential on
-    the context's LocalTrainer), as the federation loop runs them."""
-    executor = executor or SequentialExecutor(context.data, context.local_trainer)
-    (outcome,) = drive([resolved(value)], executor)
-    assert not isinstance(outcome, ClientFailure), outcome
-    return outcome
+from conftest import make_context, run_hook, sequential
 
 
 def test_weighted_average_matches_hand_computation():
@@ -55,10 +34,10 @@ def test_reused_trainer_trains_every_client(tiny_federation):
     start = {k: v.clone() for k, v in model.state_dict().items()}
     for i, client in enumerate(tiny_federation.clients):
         epochs = 2
-        result = context.local_trainer.train(start, client.x_train, client.y_train, seed=i, epochs=epochs)
+        result = sequential(context).trainer.train(start, client.x_train, client.y_train, seed=i, epochs=epochs)
         assert result.samples_seen == epochs * client.num_train  # the 2nd, 3rd... fit really trains
         assert not torch.equal(result.params["head.weight"], start["head.weight"])
-    steps = context.local_trainer.train(start, client.x_train, client.y_train, seed=0, steps=3)
+    steps = sequential(context).trainer.train(start, client.x_train, client.y_train, seed=0, steps=3)
     assert steps.samples_seen == 3 * 5  # three batches of 5
 
 
@@ -66,8 +45,9 @@ def test_frozen_parameters_stay_bit_identical(tiny_federation):
     context, model = make_context(tiny_federation)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     client = tiny_federation.clients[1]
-    result = context.local_trainer.train(start, client.x_train, client.y_train, seed=0, epochs=1,
-                                         trainable={"head.weight", "head.bias"})
+    result = sequential(context).trainer.train(
+        start, client.x_train, client.y_train, seed=0, epochs=1, trainable={"head.weight", "head.bias"}
+    )
     assert torch.equal(result.params["body.1.weight"], start["body.1.weight"])
     assert not torch.equal(result.params["head.weight"], start["head.weight"])
 
@@ -119,7 +99,9 @@ def test_local_sends_nothing(digits_config):
 
 
 def test_same_seed_same_metrics(digits_config):
-    read = lambda d: (d / "clients.csv").read_text()  # noqa: E731
+    def read(d):
+        return (d / "clients.csv").read_text()
+
     a, _ = run_experiment(digits_config(**{"method.name": "fedala"}))
     b, _ = run_experiment(digits_config(**{"method.name": "fedala"}))
     c, _ = run_experiment(digits_config(**{"method.name": "fedala", "federation.seed": 1}))

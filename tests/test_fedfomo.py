@@ -1,7 +1,6 @@
 """FedFomo: the first-order weights by hand, a model that raises the validation loss weighted 0, the
 validation split, the affinity matrix's choice of M models, and bytes per round end to end."""
 
-
 import pytest
 import torch
 
@@ -9,10 +8,18 @@ from plfl.checkpoint import load_latest_checkpoint
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
-from plfl.methods.fedfomo import SCORES, FedFomo, fomo_scores, fomo_update, fomo_weights, validation_split
-from plfl.methods.schemas import FedFomoConfig
+from plfl.methods.fedfomo import (
+    SCORES,
+    FedFomo,
+    FedFomoConfig,
+    fomo_scores,
+    fomo_update,
+    fomo_weights,
+    validation_split,
+)
 from plfl.seeding import LOCAL_TRAINING, derive_seed
-from test_federation import make_context, run_hook
+
+from conftest import make_context, run_hook, sequential
 
 
 def test_weights_are_positive_gains_per_distance_normalised_over_the_positives():
@@ -40,7 +47,7 @@ def make_method(data, **keys):
 def test_a_model_that_raises_the_validation_loss_gets_weight_zero(tiny_federation):
     method, context, own = make_method(tiny_federation, m=3, val_ratio=0.5)  # client 3: 40 samples, 20 held out
     data, (train, val) = tiny_federation.clients[3], method.splits[3]
-    trainer = context.local_trainer
+    trainer = sequential(context).trainer
     # θ_0: own trained on the validation split itself (lower loss there), θ_1: own plus large noise (higher),
     # θ_2: own (no gain, weight 0 too).
     better = trainer.train(own, data.x_train[val], data.y_train[val], seed=1, epochs=20).params
@@ -48,16 +55,21 @@ def test_a_model_that_raises_the_validation_loss_gets_weight_zero(tiny_federatio
     worse = {k: v + 3 * torch.randn(v.shape, generator=g) for k, v in own.items()}
     method.models = {k: torch.stack([better[k], worse[k], own[k], own[k]]) for k in method.models}
     method.uploaded[:] = True
-    val_loss = lambda p: trainer.evaluate(p, data.x_train[val], data.y_train[val]).loss  # noqa: E731
+
+    def val_loss(p):
+        return trainer.evaluate(p, data.x_train[val], data.y_train[val]).loss
+
     assert val_loss(better) < val_loss(own) < val_loss(worse)
 
-    result = run_hook(context, method.local_train(3, own, round_=1))
+    # local_train evaluates own and the three received models on the validation split (evaluation tasks), then trains.
+    result = run_hook(context, method.local_train(3, own, method.server_message(3, round_=0), round_=1))
     scores = result.upload[SCORES]
     assert scores[0] > 0 and scores[1] < 0 and scores[2] == 0
     torch.testing.assert_close(fomo_weights(scores), torch.tensor([1.0, 0.0, 0.0]))
     # So local training started from θ_0, on the training part only.
-    expected = trainer.train(better, data.x_train[train], data.y_train[train],
-                             seed=derive_seed(0, 1, 3, LOCAL_TRAINING), epochs=1)
+    expected = trainer.train(
+        better, data.x_train[train], data.y_train[train], seed=derive_seed(0, 1, 3, LOCAL_TRAINING), epochs=1
+    )
     for key, value in expected.params.items():
         torch.testing.assert_close(result.params[key], value)
     assert result.samples_seen == len(train) == 20
@@ -75,7 +87,7 @@ def test_validation_split_is_a_seeded_partition_of_the_training_split():
 
 def test_clients_download_the_m_others_of_largest_affinity_which_accumulates_scores(tiny_federation):
     method, _, own = make_method(tiny_federation, m=2)
-    assert method.server_message(0) is None  # nothing uploaded yet
+    assert method.server_message(0, round_=0) is None  # nothing uploaded yet
     method.uploaded[:] = True
     assert method.selection(0) == [1, 2]  # P = identity: ties go to the lower ids, never itself
     upload = {k: v.clone() for k, v in method.models.items()}

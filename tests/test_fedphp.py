@@ -9,19 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import last_metrics
-from plfl.client import ClientModule, LocalTrainer, batch_loader, build_trainer
-from plfl.config import FederationConfig
+from plfl.batches import batch_loader, last_batch_minimum, training_rows
 from plfl.experiment import run_experiment
-from plfl.methods.base import FederationContext, nbytes
-from plfl.methods.batches import client_batches
-from plfl.methods.fedphp import FedPHP, inherit, inheritance_weight, mmd
-from plfl.methods.schemas import FedPHPConfig
+from plfl.methods.base import nbytes
+from plfl.methods.fedphp import FedPHP, FedPHPConfig, inherit, inheritance_weight, mmd
 from plfl.models import build_model
 from plfl.seeding import LOCAL_TRAINING, derive_seed
-from plfl.state import ClientStateStore
-from test_federation import make_context
-from test_pfedla import run_loop
+
+from conftest import last_metrics, make_context, run_hook, run_loop, sequential
 
 
 def make_method(data, federation=None, **keys):
@@ -32,10 +27,16 @@ def make_method(data, federation=None, **keys):
 def test_mmd_is_zero_for_identical_features_and_positive_by_hand_otherwise():
     x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
     assert mmd(x, x.clone()).item() == 0.0
+
     # x = (0, 2), y = (1, 1) in one dimension: squared distances xx (0, 4; 4, 0), yy all 0, xy all 1.
-    k = lambda d: sum(math.exp(-d / (2 * s)) for s in (10, 15, 20, 50))  # noqa: E731
+    def k(d):
+        return sum(math.exp(-d / (2 * s)) for s in (10, 15, 20, 50))
+
     expected = (2 * k(0) + 2 * k(4)) / 4 + k(0) - 2 * k(1)
-    x64 = lambda *values: torch.tensor(values, dtype=torch.float64).unsqueeze(1)  # noqa: E731  exact enough
+
+    def x64(*values):
+        return torch.tensor(values, dtype=torch.float64).unsqueeze(1)  #  exact enough
+
     got = mmd(x64(0.0, 2.0), x64(1.0, 1.0)).item()
     assert got == pytest.approx(expected) and got > 0
     assert mmd(x, x + 1).item() > 0
@@ -54,11 +55,11 @@ def test_inheritance_weight_grows_linearly_from_zero_and_inherit_mixes():
 def test_client_loop_matches_an_independent_one(tiny_federation):
     lam, lr, client, round_ = 0.3, 0.1, 1, 3  # client 1: 20 samples, 4 batches of 5; μ_3 = 0.9 · 2 / 4
     method, context = make_method(tiny_federation, lam=lam)
-    received = method.server_message(client)
+    received = method.server_message(client, round_ - 1)  # the broadcast before round 3
     v = {k: t + 0.3 * torch.randn(t.shape, generator=torch.Generator().manual_seed(1)) for k, t in received.items()}
-    result = method.local_train(client, v, round_)
+    result = run_hook(context, method.local_train(client, v, received, round_))
 
-    local, personal = copy.deepcopy(context.model), copy.deepcopy(context.model)
+    local, personal = copy.deepcopy(context.architecture), copy.deepcopy(context.architecture)
     local.load_state_dict(received)
     personal.load_state_dict(v)
     data = tiny_federation.clients[client]
@@ -74,7 +75,7 @@ def test_client_loop_matches_an_independent_one(tiny_federation):
     for key in received:
         torch.testing.assert_close(result.upload[key], trained[key])  # w: uploaded
         torch.testing.assert_close(result.params[key], mu * v[key] + (1 - mu) * trained[key])  # v_i inherits
-    assert method.client_message(client, result) is result.upload
+    assert method.client_message(client, result, round_) is result.upload
     assert result.samples_seen == data.num_train
     assert all(torch.equal(method.global_params[k], t) for k, t in received.items())  # w^t untouched
 
@@ -89,22 +90,24 @@ def test_inherited_model_is_what_each_client_evaluates(tiny_federation):
         personal = context.store.get(row["client"], "model")
         assert not torch.equal(personal["head.weight"], method.global_params["head.weight"])
         data = tiny_federation.clients[row["client"]]
-        assert context.local_trainer.evaluate(personal, data.x_test, data.y_test).correct == row["correct"]
+        assert sequential(context).trainer.evaluate(personal, data.x_test, data.y_test).correct == row["correct"]
     assert "global_accuracy" in last.metrics
 
 
 def test_batchnorm_statistics_go_with_w_and_a_single_sample_batch_is_left_out(tiny_federation):
     model = build_model("mlp", (8,), 3, [16], batch_norm=True)
-    trainer = LocalTrainer(ClientModule(model, 3, lr=0.1), build_trainer("cpu", 1, "32-true"), 3)
-    federation = FederationConfig(batch_size=3, lr=0.1)
-    context = FederationContext(tiny_federation, ClientStateStore(4), model, trainer, federation)
+    context, _ = make_context(tiny_federation, model=model, batch_size=3, lr=0.1)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     method = FedPHP(FedPHPConfig(), context, {k: v.clone() for k, v in initial.items()})
     data = tiny_federation.clients[0]  # 10 samples: batches of 3, 3, 3 and one sample, left out
-    batches = list(client_batches(data, 3, seed=5, epochs=2, batch_norm=True))
-    assert [len(y) for _, y in batches] == [3, 3, 3] * 2
-    assert [len(y) for _, y in client_batches(data, 3, seed=5, epochs=1, batch_norm=False)] == [3, 3, 3, 1]
-    result = method.local_train(0, initial, round_=1)
+
+    def sizes(batch_norm: bool, epochs: int) -> list[int]:  # real samples per batch of the one order
+        rows = training_rows(data.num_train, 3, seed=5, epochs=epochs, min_last=last_batch_minimum(3, batch_norm))
+        return (rows >= 0).sum(1).tolist()
+
+    assert sizes(True, 2) == [3, 3, 3] * 2
+    assert sizes(False, 1) == [3, 3, 3, 1]
+    result = run_hook(context, method.local_train(0, initial, method.server_message(0, 0), 1))
     assert result.samples_seen == 9 and list(result.upload) == list(initial)
     assert all(torch.equal(method.global_params[k], v) for k, v in initial.items())  # w^t's statistics untouched
     stats = "body.2.running_mean"  # Flatten, Linear, BatchNorm1d, ReLU

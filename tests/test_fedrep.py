@@ -3,13 +3,12 @@
 import pytest
 import torch
 
-from conftest import last_metrics
-from plfl.experiment import run_experiment
-from plfl.methods.fedrep import FedRep
-from plfl.methods.schemas import FedRepConfig
 from plfl.executors import SequentialExecutor
+from plfl.experiment import run_experiment
+from plfl.methods.fedrep import FedRep, FedRepConfig
 from plfl.seeding import HEAD_TRAINING, LOCAL_TRAINING, derive_seed
-from test_federation import make_context, run_hook
+
+from conftest import last_metrics, make_context, run_hook
 
 
 def make_method(data, **keys):
@@ -19,9 +18,10 @@ def make_method(data, **keys):
 
 def test_head_epochs_leave_body_bit_identical_and_body_epochs_leave_head_bit_identical(tiny_federation):
     method, context = make_method(tiny_federation, head_epochs=2)
-    start = method.pre_local_init(1, method.server_message(1), round_=0)
+    received = method.server_message(1, round_=0)
+    start = method.pre_local_init(1, received, round_=0)
     calls = []  # (task, result) of each training
-    executor = SequentialExecutor(context.data, context.local_trainer)
+    executor = SequentialExecutor.of(context.config, context.data, context.architecture)
     train = executor.train
 
     def recorded(tasks):
@@ -29,9 +29,10 @@ def test_head_epochs_leave_body_bit_identical_and_body_epochs_leave_head_bit_ide
         return results
 
     executor.train = recorded
-    result = run_hook(context, method.local_train(1, start, round_=1), executor)
+    result = run_hook(context, method.local_train(1, start, received, round_=1), executor)
     (head_task, head), (body_task, body) = calls
-    assert head_task.seed == derive_seed(0, 1, 1, HEAD_TRAINING) and body_task.seed == derive_seed(0, 1, 1, LOCAL_TRAINING)
+    assert head_task.seed == derive_seed(0, 1, 1, HEAD_TRAINING)
+    assert body_task.seed == derive_seed(0, 1, 1, LOCAL_TRAINING)
     assert head_task.params is start and body_task.params is head.params and result.params is body.params
     for key, value in start.items():
         in_head = key.startswith("head.")
@@ -44,17 +45,17 @@ def test_head_epochs_leave_body_bit_identical_and_body_epochs_leave_head_bit_ide
 
 def test_client_keeps_its_head_and_takes_the_averaged_body(tiny_federation):
     method, context = make_method(tiny_federation)
-    initial = {k: v.clone() for k, v in context.model.state_dict().items()}
+    initial = {k: v.clone() for k, v in context.architecture.state_dict().items()}
     for client_id in range(4):
-        context.store.set(client_id, "model", method.pre_local_init(client_id, method.server_message(client_id), 0))
+        context.store.set(client_id, "model", method.pre_local_init(client_id, method.server_message(client_id, 0), 0))
     own = {k: torch.full_like(v, 3.0 + (k.startswith("head.") * 4.0)) for k, v in initial.items()}
     context.store.set(0, "model", own)
     other = {k: torch.full_like(v, 5.0) for k, v in initial.items()}
     method.aggregate({0: method.shared(own), 1: method.shared(other)}, round_=1)
     n0, n1 = tiny_federation.clients[0].num_train, tiny_federation.clients[1].num_train  # 10, 20
-    assert set(method.server_message(0)) == {k for k in initial if k.startswith("body.")}
-    kept = method.pre_local_init(0, method.server_message(0), round_=1)
-    fresh = method.pre_local_init(3, method.server_message(3), round_=1)  # never trained: the initial head
+    assert set(method.server_message(0, round_=1)) == {k for k in initial if k.startswith("body.")}
+    kept = method.pre_local_init(0, method.server_message(0, round_=1), round_=1)
+    fresh = method.pre_local_init(3, method.server_message(3, round_=1), round_=1)  # never trained: the initial head
     for key in initial:
         if key.startswith("head."):
             assert torch.all(kept[key] == 7.0) and torch.equal(fresh[key], initial[key])

@@ -144,19 +144,32 @@ def _mixed_sizes(root: Path) -> None:
 
 
 MALFORMED = {
-    "missing folder": (lambda r: shutil.rmtree(r / "test"), "{r}/test does not exist. An image folder data set holds "
-                       "train/<class>/<image> and test/<class>/<image>"),
-    "empty class folder": (lambda r: [p.unlink() for p in (r / "train" / "b").iterdir()],
-                           "Class folder {r}/train/b holds no image. Add its images or remove the class"),
-    "unreadable image": (lambda r: (r / "train" / "a" / "1.png").write_bytes(b"GIF89a garbage"),
-                         "Image {r}/train/a/1.png cannot be read (UnidentifiedImageError"),
-    "mismatched class folders": (lambda r: (r / "test" / "b").rename(r / "test" / "c"),
-                                 "{r}/train and {r}/test hold different class folders (only in train: ['b']; "
-                                 "only in test: ['c']). Both splits need the same class folders"),
-    "mixed image sizes": (_mixed_sizes, "Image {r}/test/a/1.png is 5×6 pixels but {r}/train/a/0.png is 5×4. "
-                          "All images of a data set must have one size"),
-    "no class folder": (lambda r: [shutil.rmtree(r / s / c) for s in ("train", "test") for c in "ab"],
-                        "{r}/train holds no class folder."),
+    "missing folder": (
+        lambda r: shutil.rmtree(r / "test"),
+        "{r}/test does not exist. An image folder data set holds train/<class>/<image> and test/<class>/<image>",
+    ),
+    "empty class folder": (
+        lambda r: [p.unlink() for p in (r / "train" / "b").iterdir()],
+        "Class folder {r}/train/b holds no image. Add its images or remove the class",
+    ),
+    "unreadable image": (
+        lambda r: (r / "train" / "a" / "1.png").write_bytes(b"GIF89a garbage"),
+        "Image {r}/train/a/1.png cannot be read (UnidentifiedImageError",
+    ),
+    "mismatched class folders": (
+        lambda r: (r / "test" / "b").rename(r / "test" / "c"),
+        "{r}/train and {r}/test hold different class folders (only in train: ['b']; "
+        "only in test: ['c']). Both splits need the same class folders",
+    ),
+    "mixed image sizes": (
+        _mixed_sizes,
+        "Image {r}/test/a/1.png is 5×6 pixels but {r}/train/a/0.png is 5×4. "
+        "All images of a data set must have one size",
+    ),
+    "no class folder": (
+        lambda r: [shutil.rmtree(r / s / c) for s in ("train", "test") for c in "ab"],
+        "{r}/train holds no class folder.",
+    ),
 }
 
 
@@ -189,8 +202,9 @@ def test_cache_dir_with_another_source_is_refused():
 def test_partitioned_over_clients_with_75_25_splits(tmp_path):
     counts = {split: {c: n for c in "abcd"} for split, n in (("train", 12), ("test", 4))}
     root = write_image_folder(tmp_path / "data", counts)
-    cfg = DataConfig(source="imagefolder", root=str(root), cache_dir=str(tmp_path / "cache"), num_clients=4,
-                     partition="iid")
+    cfg = DataConfig(
+        source="imagefolder", root=str(root), cache_dir=str(tmp_path / "cache"), num_clients=4, partition="iid"
+    )
     data = load_federated_data(cfg, seed=0)
     assert data.num_classes == 4 and data.input_shape == (3, 4, 5) and len(data.clients) == 4
     assert [(c.num_train, c.num_test) for c in data.clients] == [(12, 4)] * 4
@@ -204,8 +218,14 @@ def test_random_crop_flip_moves_each_image_by_its_own_offset_and_flip():
     padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
     found = set()
     for i in range(6):
-        crops = {(dy, dx, flip): padded[i, :, dy:dy + 5, dx:dx + 7].flip(-1) if flip else padded[i, :, dy:dy + 5, dx:dx + 7]
-                 for dy in range(5) for dx in range(5) for flip in (False, True)}
+        crops = {
+            (dy, dx, flip): padded[i, :, dy : dy + 5, dx : dx + 7].flip(-1)
+            if flip
+            else padded[i, :, dy : dy + 5, dx : dx + 7]
+            for dy in range(5)
+            for dx in range(5)
+            for flip in (False, True)
+        }
         [match] = [key for key, crop in crops.items() if torch.equal(crop, out[i])]
         found.add(match)
     assert len(found) > 1  # per sample, not one draw for the whole batch
@@ -236,8 +256,11 @@ def test_augment_on_inputs_that_are_not_images_is_refused(digits_config, monkeyp
         return data
 
     monkeypatch.setattr("plfl.experiment.load_federated_data", flattened)
-    with pytest.raises(ConfigError, match=r"data.augment=true crops and flips images \(C, H, W\), but data.source="
-                                          r"digits gives inputs of shape \(64,\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data.augment=true crops and flips images \(C, H, W\), but data.source="
+        r"digits gives inputs of shape \(64,\)",
+    ):
         run_experiment(cfg)
 
 
@@ -259,7 +282,9 @@ def test_real_cifar10_jpegs(tmp_path):
     # CIFAR-10's per-channel means over its 50,000 training images: 0.491, 0.482, 0.447.
     mean = cached["images"].double().mean(dim=(0, 2, 3)) / 255
     torch.testing.assert_close(mean, torch.tensor([0.491, 0.482, 0.447], dtype=torch.float64), atol=0.03, rtol=0)
-    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "fedala-cifar10.yaml",
-                      [f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.num_clients=5"])
+    cfg = load_config(
+        Path(__file__).resolve().parents[1] / "configs" / "fedala-cifar10.yaml",
+        [f"data.root={root}", f"data.cache_dir={tmp_path / 'cache'}", "data.num_clients=5"],
+    )
     data = load_federated_data(OmegaConf.to_object(cfg.data), seed=0)
     assert sum(c.num_train + c.num_test for c in data.clients) == 700

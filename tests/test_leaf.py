@@ -27,8 +27,11 @@ def pixels(*values: float) -> list[list[float]]:
 
 def leaf_json(path: Path, users: dict[str, tuple[list, list]]) -> dict:
     """Write ``users`` (user -> (x rows, y)) to ``path`` in LEAF's schema; return the written object."""
-    data = {"users": list(users), "num_samples": [len(y) for _, y in users.values()],
-            "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()}}
+    data = {
+        "users": list(users),
+        "num_samples": [len(y) for _, y in users.values()],
+        "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()},
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return data
@@ -94,46 +97,73 @@ def set_user(split: str, user: str, x=None, y=None):
             record = data["user_data"][user]
             record.update({k: v for k, v in (("x", x), ("y", y)) if v is not None})
             data["num_samples"][data["users"].index(user)] = len(record["y"])
+
         change(root / f"{split}.json", apply)
+
     return edit
 
 
 # case -> (damage done to a valid directory, the message expected, with {r} for the root)
 MALFORMED = {
-    "split missing": (lambda r: (r / "test.json").unlink(),
-                      r"Neither {r}/test/ \(LEAF's layout: one or more .json files\) nor {r}/test.json exists"),
+    "split missing": (
+        lambda r: (r / "test.json").unlink(),
+        r"Neither {r}/test/ \(LEAF's layout: one or more .json files\) nor {r}/test.json exists",
+    ),
     "empty folder": (lambda r: ((r / "test.json").unlink(), (r / "test").mkdir()), r"{r}/test holds no .json files"),
     "both layouts": (lambda r: (r / "train").mkdir(), r"{r} holds both {r}/train/ and {r}/train.json"),
-    "invalid JSON": (lambda r: (r / "train.json").write_text('{"users": ["w1"],\n "num_samples": [2,,\n'),
-                     r"{r}/train.json is not valid JSON \(line 2, column 20: Expecting value\)"),
+    "invalid JSON": (
+        lambda r: (r / "train.json").write_text('{"users": ["w1"],\n "num_samples": [2,,\n'),
+        r"{r}/train.json is not valid JSON \(line 2, column 20: Expecting value\)",
+    ),
     "no users": (lambda r: leaf_json(r / "train.json", {}), r"The LEAF train files under {r} list no users"),
-    "not LEAF's schema": (lambda r: (r / "test.json").write_text('{"users": []}'),
-                          r"{r}/test.json holds keys \['users'\]; a LEAF file is an object with the lists"),
-    "user without user_data": (lambda r: change(r / "train.json", lambda d: d["user_data"].pop("w2")),
-                               r"{r}/train.json lists user 'w2' in 'users' but has no entry in 'user_data'"),
+    "not LEAF's schema": (
+        lambda r: (r / "test.json").write_text('{"users": []}'),
+        r"{r}/test.json holds keys \['users'\]; a LEAF file is an object with the lists",
+    ),
+    "user without user_data": (
+        lambda r: change(r / "train.json", lambda d: d["user_data"].pop("w2")),
+        r"{r}/train.json lists user 'w2' in 'users' but has no entry in 'user_data'",
+    ),
     "user_data of an unlisted user": (
         lambda r: change(r / "train.json", lambda d: d["user_data"].update(w9={"x": [], "y": []})),
-        r"{r}/train.json has user_data for 'w9', which 'users' does not list"),
-    "num_samples disagrees": (lambda r: change(r / "train.json", lambda d: d["num_samples"].__setitem__(0, 4)),
-                              r"{r}/train.json, user 'w2': 'num_samples' says 4 samples but 'x' has 3 rows and 'y' 3"),
-    "x row of the wrong length": (set_user("train", "w1", x=[[0.0] * 4, [0.0] * 5]),
-                                  r"{r}/train.json, user 'w1': row 1 of 'x' has 5 values, but "
-                                  r"data.image_shape=\[1, 2, 2\] needs 4"),
+        r"{r}/train.json has user_data for 'w9', which 'users' does not list",
+    ),
+    "num_samples disagrees": (
+        lambda r: change(r / "train.json", lambda d: d["num_samples"].__setitem__(0, 4)),
+        r"{r}/train.json, user 'w2': 'num_samples' says 4 samples but 'x' has 3 rows and 'y' 3",
+    ),
+    "x row of the wrong length": (
+        set_user("train", "w1", x=[[0.0] * 4, [0.0] * 5]),
+        r"{r}/train.json, user 'w1': row 1 of 'x' has 5 values, but "
+        r"data.image_shape=\[1, 2, 2\] needs 4",
+    ),
     "x row not a list": (set_user("test", "w2", x=[0.5]), r"{r}/test.json, user 'w2': row 0 of 'x' has a float"),
-    "text among images": (set_user("train", "w1", x=["good morning", "bad night"]),
-                          r"{r}/train.json, user 'w1': 'x' holds text, but data.image_shape=\[1, 2, 2\] is set"),
-    "fractional label": (set_user("train", "w2", y=[3, 0.5, 1]), r"{r}/train.json, user 'w2': 'y' holds 0.5; "
-                         r"LEAF's labels are integer class indices >= 0"),
-    "string label": (set_user("test", "w1", y=["a"]), r"{r}/test.json, user 'w1': 'y' holds \"a\".*"
-                     r"LEAF's Shakespeare: use data.source=shakespeare"),
+    "text among images": (
+        set_user("train", "w1", x=["good morning", "bad night"]),
+        r"{r}/train.json, user 'w1': 'x' holds text, but data.image_shape=\[1, 2, 2\] is set",
+    ),
+    "fractional label": (
+        set_user("train", "w2", y=[3, 0.5, 1]),
+        r"{r}/train.json, user 'w2': 'y' holds 0.5; "
+        r"LEAF's labels are integer class indices >= 0",
+    ),
+    "string label": (
+        set_user("test", "w1", y=["a"]),
+        r"{r}/test.json, user 'w1': 'y' holds \"a\".*"
+        r"LEAF's Shakespeare: use data.source=shakespeare",
+    ),
     "negative label": (set_user("test", "w1", y=[-1]), r"{r}/test.json, user 'w1': 'y' holds -1"),
-    "user without test samples": (set_user("test", "w1", x=[], y=[]),
-                                  r"User 'w1' has no test samples in {r}/test.json. Every client needs at least one"),
-    "user in one split only": (lambda r: change(r / "test.json", lambda d: (d["users"].remove("w2"),
-                                                                             d["num_samples"].pop(),
-                                                                             d["user_data"].pop("w2"))),
-                               r"User 'w2' is in {r}/train.json but in no test file under {r} \(1 such users\).*"
-                               r"sample-based split \(preprocess.sh -t sample\)"),
+    "user without test samples": (
+        set_user("test", "w1", x=[], y=[]),
+        r"User 'w1' has no test samples in {r}/test.json. Every client needs at least one",
+    ),
+    "user in one split only": (
+        lambda r: change(
+            r / "test.json", lambda d: (d["users"].remove("w2"), d["num_samples"].pop(), d["user_data"].pop("w2"))
+        ),
+        r"User 'w2' is in {r}/train.json but in no test file under {r} \(1 such users\).*"
+        r"sample-based split \(preprocess.sh -t sample\)",
+    ),
 }
 
 
@@ -159,8 +189,10 @@ def tweet(user: str, text: str) -> list[str]:
     return ["1467810369", "Mon Apr 06 22:19:45 PDT 2009", "NO_QUERY", user, text]
 
 
-SENT140_TRAIN = {"u2": ([tweet("u2", "Good good day"), tweet("u2", "awful day !")], [1, 0]),
-                 "u1": ([tweet("u1", "good night")], [1])}
+SENT140_TRAIN = {
+    "u2": ([tweet("u2", "Good good day"), tweet("u2", "awful day !")], [1, 0]),
+    "u1": ([tweet("u1", "good night")], [1]),
+}
 SENT140_TEST = {"u1": ([tweet("u1", "awful unseen words")], [0]), "u2": ([tweet("u2", "good")], [1])}
 
 
@@ -181,8 +213,10 @@ def test_sent140_records_become_token_ids_from_the_training_texts_vocabulary(tmp
 
 
 def test_plain_text_rows_read_as_the_records_last_field(tmp_path):
-    plain = {split: {u: ([row[-1] for row in x], y) for u, (x, y) in users.items()}
-             for split, users in (("train", SENT140_TRAIN), ("test", SENT140_TEST))}
+    plain = {
+        split: {u: ([row[-1] for row in x], y) for u, (x, y) in users.items()}
+        for split, users in (("train", SENT140_TRAIN), ("test", SENT140_TEST))
+    }
     records = read_text(write_femnist_like(tmp_path / "records", SENT140_TRAIN, SENT140_TEST))
     rows = read_text(write_femnist_like(tmp_path / "plain", plain["train"], plain["test"]))
     for a, b in zip(records.clients, rows.clients, strict=True):
@@ -192,36 +226,57 @@ def test_plain_text_rows_read_as_the_records_last_field(tmp_path):
 def test_a_text_row_that_is_neither_a_string_nor_a_record_is_refused(tmp_path):
     root = write_femnist_like(tmp_path, SENT140_TRAIN, SENT140_TEST)
     set_user("train", "u1", x=[["1", "date", 7]])(root)
-    with pytest.raises(DataError, match=r"train.json, user 'u1': row 0 of 'x' is \[\"1\", \"date\", 7\]; text rows "
-                                        r"are strings or LEAF's Sent140 records"):
+    with pytest.raises(
+        DataError,
+        match=r"train.json, user 'u1': row 0 of 'x' is \[\"1\", \"date\", 7\]; text rows "
+        r"are strings or LEAF's Sent140 records",
+    ):
         read_text(root)
 
 
 def test_a_text_federation_trains_through_plfl_fit(tmp_path):
     root = write_femnist_like(tmp_path / "sent140", SENT140_TRAIN, SENT140_TEST)
     out = tmp_path / "runs"
-    status = main(["fit", "--config", str(ROOT / "configs" / "fedavg-femnist.yaml"), f"data.root={root}",
-                   "data.image_shape=null", "data.max_length=5", "model.name=fasttext", "federation.rounds=1",
-                   f"output_dir={out}", "progress_bar=false", "logger.name=csv"])
+    status = main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "fedavg-femnist.yaml"),
+            f"data.root={root}",
+            "data.image_shape=null",
+            "data.max_length=5",
+            "model.name=fasttext",
+            "federation.rounds=1",
+            f"output_dir={out}",
+            "progress_bar=false",
+            "logger.name=csv",
+        ]
+    )
     assert status == 0
     metrics = next(out.rglob("metrics.csv")).read_text().splitlines()
     assert [row.split(",")[0] for row in metrics] == ["round", "0", "1"]
 
 
 def test_image_shape_is_required_and_named_with_the_row_length(tmp_path):
-    with pytest.raises(DataError, match=r"data.image_shape is not set, and .*train.json, user 'w2' holds images "
-                                        r"as rows of 4 values"):
+    with pytest.raises(
+        DataError,
+        match=r"data.image_shape is not set, and .*train.json, user 'w2' holds images "
+        r"as rows of 4 values",
+    ):
         read(write_femnist_like(tmp_path), image_shape=None)
     with pytest.raises(DataError, match=r"data.source=leaf needs data.root"):
         load_federated_data(DataConfig(source="leaf", image_shape=[1, 2, 2]), 0)
 
 
-@pytest.mark.parametrize("keys, message", [
-    ({"source": "digits", "image_shape": [1, 8, 8]}, "data.image_shape=[1, 8, 8] is read only by data.source=leaf"),
-    ({"source": "pfllib", "num_classes": 10}, "data.num_classes=10 is read only by data.source=leaf"),
-    ({"source": "leaf", "beta": 0.5}, "data.beta=0.5 has no effect: data.source=leaf keeps the users"),
-    ({"source": "leaf", "repartition": True}, "data.repartition=true applies only to data.source=pfllib"),
-])
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ({"source": "digits", "image_shape": [1, 8, 8]}, "data.image_shape=[1, 8, 8] is read only by data.source=leaf"),
+        ({"source": "pfllib", "num_classes": 10}, "data.num_classes=10 is read only by data.source=leaf"),
+        ({"source": "leaf", "beta": 0.5}, "data.beta=0.5 has no effect: data.source=leaf keeps the users"),
+        ({"source": "leaf", "repartition": True}, "data.repartition=true applies only to data.source=pfllib"),
+    ],
+)
 def test_leaf_keys_and_partition_keys_are_refused_where_they_have_no_effect(keys, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         DataConfig(**keys)
@@ -236,8 +291,18 @@ def test_a_broken_leaf_file_through_plfl_fit_exits_2_without_a_run_directory(tmp
     root = write_femnist_like(tmp_path / "femnist")
     (root / "test.json").write_text("{")
     out = tmp_path / "runs"
-    status = main(["fit", "--config", str(ROOT / "configs" / "fedavg-femnist.yaml"), f"data.root={root}",
-                   "data.image_shape=[1,2,2]", "model.name=mlp", f"output_dir={out}", "progress_bar=false"])
+    status = main(
+        [
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "fedavg-femnist.yaml"),
+            f"data.root={root}",
+            "data.image_shape=[1,2,2]",
+            "model.name=mlp",
+            f"output_dir={out}",
+            "progress_bar=false",
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2, err
     assert err.startswith("plfl fit: ") and f"{root}/test.json is not valid JSON (line 1, column 2" in err

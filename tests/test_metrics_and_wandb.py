@@ -2,15 +2,19 @@
 
 import pytest
 
-from plfl.client import EvalResult
 from plfl.config import resume_config
 from plfl.experiment import run_experiment
 from plfl.metrics import federation_metrics
+from plfl.tasks import EvalResult
 
 
 def test_federation_metrics_by_hand():
-    results = {i: EvalResult(c, n, loss) for i, (c, n, loss) in enumerate(
-        [(9, 10, 0.1), (1, 10, 0.5), (30, 40, 0.2)] + [(5, 10, 1.0)] * 7 + [(0, 0, float("nan"))])}
+    results = {
+        i: EvalResult(c, n, loss)
+        for i, (c, n, loss) in enumerate(
+            [(9, 10, 0.1), (1, 10, 0.5), (30, 40, 0.2)] + [(5, 10, 1.0)] * 7 + [(0, 0, float("nan"))]
+        )
+    }
     m = federation_metrics(results)
     assert m["accuracy"] == pytest.approx((9 + 1 + 30 + 35) / (10 + 10 + 40 + 70))
     per_client = [0.9, 0.1, 0.75] + [0.5] * 7  # the client without test samples is left out
@@ -43,12 +47,18 @@ def test_wandb_receives_accuracy_histogram_and_method_panels(digits_config, monk
     monkeypatch.setenv("WANDB_SILENT", "true")
     logged = []
     log = wandb.sdk.wandb_run.Run.log
-    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", lambda self, data, *a, **k: (logged.append(data),
-                                                                                     log(self, data, *a, **k)))
+    monkeypatch.setattr(
+        wandb.sdk.wandb_run.Run, "log", lambda self, data, *a, **k: (logged.append(data), log(self, data, *a, **k))
+    )
     expected = {
         "fedala": {"ala_weight_mean", "ala_weight_std", "ala_weight_zero_fraction", "ala_epochs_mean"},
-        "selffl": {"selffl_sigma0_sq", "selffl_sigma_sq_mean", "selffl_local_steps_mean", "selffl_rule_steps_median",
-                   "selffl_clients"},
+        "selffl": {
+            "selffl_sigma0_sq",
+            "selffl_sigma_sq_mean",
+            "selffl_local_steps_mean",
+            "selffl_rule_steps_median",
+            "selffl_clients",
+        },
         "pfedla": {"self_weight_mean", "aggregation_weights"},
     }
     options = {"selffl": {"method.warmup_rounds": 0, "method.l_max": 5}}

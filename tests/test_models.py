@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from plfl.client import ClientModule, EpochShuffle, LocalTrainer, build_trainer
+from plfl.batches import EpochShuffle
+from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.config import load_config
 from plfl.errors import ConfigError
 from plfl.models import build_model
@@ -40,21 +41,29 @@ def test_resnet18_and_mlp_expose_body_and_head():
 
 
 def test_cnn_on_too_small_images_says_what_to_use():
-    with pytest.raises(ConfigError, match="needs images of at least 16×16 pixels; the data are 8×8. Use model.name=mlp"):
+    with pytest.raises(
+        ConfigError, match="needs images of at least 16×16 pixels; the data are 8×8. Use model.name=mlp"
+    ):
         build_model("cnn", (1, 8, 8), 10, [])
 
 
-@pytest.mark.parametrize("name, shape, norms", [
-    ("cnn", (1, 28, 28), [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d]),
-    ("mlp", (1, 8, 8), [nn.BatchNorm1d, nn.BatchNorm1d]),
-    ("lenet5", (3, 32, 32), [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.BatchNorm1d]),
-])
+@pytest.mark.parametrize(
+    "name, shape, norms",
+    [
+        ("cnn", (1, 28, 28), [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d]),
+        ("mlp", (1, 8, 8), [nn.BatchNorm1d, nn.BatchNorm1d]),
+        ("lenet5", (3, 32, 32), [nn.BatchNorm2d, nn.BatchNorm2d, nn.BatchNorm1d, nn.BatchNorm1d]),
+    ],
+)
 def test_batch_norm_option_puts_a_batch_norm_before_every_relu(name, shape, norms):
     plain = list(build_model(name, shape, 10, [32, 16]).body)
     body = list(build_model(name, shape, 10, [32, 16], batch_norm=True).body)
     assert [type(m) for m in body if not isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))] == list(map(type, plain))
-    found = [(type(body[i]), body[i - 1], body[i + 1]) for i, m in enumerate(body)
-             if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))]
+    found = [
+        (type(body[i]), body[i - 1], body[i + 1])
+        for i, m in enumerate(body)
+        if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))
+    ]
     assert [t for t, _, _ in found] == norms and len(found) == sum(isinstance(m, nn.ReLU) for m in body)
     for _, before, after in found:
         assert isinstance(after, nn.ReLU) and isinstance(before, (nn.Conv2d, nn.Linear))

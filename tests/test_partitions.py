@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_data import PFLLIB_FMNIST, write_pfllib
 
 from plfl.config import DataConfig, load_config
 from plfl.data import load_federated_data
 from plfl.data.partition import classes_partition, dominant_partition
 from plfl.errors import ConfigError, DataError
+
+from test_data import PFLLIB_FMNIST, write_pfllib
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # Unequal classes, so that an equal count per class is a property of the partition, not of the data.
@@ -123,8 +124,14 @@ def tiny_pfllib(tmp_path: Path) -> Path:
 
 
 def test_repartition_pools_every_file_and_gives_the_asked_clients(tmp_path):
-    cfg = DataConfig(source="pfllib", root=str(tiny_pfllib(tmp_path)), repartition=True, num_clients=4,
-                     partition="iid", test_fraction=0.3)
+    cfg = DataConfig(
+        source="pfllib",
+        root=str(tiny_pfllib(tmp_path)),
+        repartition=True,
+        num_clients=4,
+        partition="iid",
+        test_fraction=0.3,
+    )
     data = load_federated_data(cfg, 0)
     assert data.num_classes == 3 and data.input_shape == (1, 4, 4) and len(data.clients) == 4
     y = torch.cat([t for c in data.clients for t in (c.y_train, c.y_test)])
@@ -135,8 +142,9 @@ def test_repartition_pools_every_file_and_gives_the_asked_clients(tmp_path):
 
 def test_repartition_applies_the_partition(tmp_path):
     root = tiny_pfllib(tmp_path)
-    cfg = DataConfig(source="pfllib", root=str(root), repartition=True, num_clients=2, partition="classes",
-                     classes_per_client=1)
+    cfg = DataConfig(
+        source="pfllib", root=str(root), repartition=True, num_clients=2, partition="classes", classes_per_client=1
+    )
     data = load_federated_data(cfg, 0)
     assert len(data.clients) == 2
     for c in data.clients:
@@ -151,27 +159,48 @@ def test_pfllib_without_repartition_keeps_its_clients(tmp_path):
 # ---------------------------------------------------------------- keys that other keys make meaningless
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data.source=mnist", "data.repartition=true"],
-     r"data.repartition=true applies only to data.source=pfllib; data.source=mnist"),
-    (["data.source=pfllib", "data.partition=classes"],
-     r"data.partition=classes has no effect: data.source=pfllib keeps .*Set data.repartition=true"),
-    (["data.source=pfllib", "data.test_fraction=0.3"], r"data.test_fraction=0.3 has no effect"),
-    (["data.partition=classes", "data.beta=0.5"],
-     r"data.beta=0.5 is read only by data.partition=dirichlet, not by data.partition=classes"),
-    (["data.partition=iid", "data.classes_per_client=4"],
-     r"data.classes_per_client=4 is read only by data.partition=pathological or classes"),
-    (["data.partition=dirichlet", "data.dominant_fraction=0.9"],
-     r"data.dominant_fraction=0.9 is read only by data.partition=dominant, .*set data.partition=dominant"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["data.source=mnist", "data.repartition=true"],
+            r"data.repartition=true applies only to data.source=pfllib; data.source=mnist",
+        ),
+        (
+            ["data.source=pfllib", "data.partition=classes"],
+            r"data.partition=classes has no effect: data.source=pfllib keeps .*Set data.repartition=true",
+        ),
+        (["data.source=pfllib", "data.test_fraction=0.3"], r"data.test_fraction=0.3 has no effect"),
+        (
+            ["data.partition=classes", "data.beta=0.5"],
+            r"data.beta=0.5 is read only by data.partition=dirichlet, not by data.partition=classes",
+        ),
+        (
+            ["data.partition=iid", "data.classes_per_client=4"],
+            r"data.classes_per_client=4 is read only by data.partition=pathological or classes",
+        ),
+        (
+            ["data.partition=dirichlet", "data.dominant_fraction=0.9"],
+            r"data.dominant_fraction=0.9 is read only by data.partition=dominant, .*set data.partition=dominant",
+        ),
+    ],
+)
 def test_meaningless_keys_are_refused_when_the_config_is_read(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
 
 
 def test_meaningful_combinations_pass():
-    cfg = load_config(None, ["data.source=pfllib", "data.repartition=true", "data.partition=dominant",
-                             "data.dominant_fraction=0.7", "data.test_fraction=0.3"])
+    cfg = load_config(
+        None,
+        [
+            "data.source=pfllib",
+            "data.repartition=true",
+            "data.partition=dominant",
+            "data.dominant_fraction=0.7",
+            "data.test_fraction=0.3",
+        ],
+    )
     assert cfg.data.dominant_fraction == 0.7 and cfg.data.repartition
 
 

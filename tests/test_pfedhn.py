@@ -5,13 +5,11 @@ import copy
 
 import torch
 
-from conftest import last_metrics
 from plfl.experiment import run_experiment
-from plfl.methods.pfedhn import PFedHN
-from plfl.methods.schemas import PFedHNConfig
+from plfl.methods.pfedhn import PFedHN, PFedHNConfig
 from plfl.seeding import LOCAL_TRAINING, derive_seed
-from test_federation import make_context, run_hook
-from test_pfedla import run_loop
+
+from conftest import last_metrics, make_context, run_hook, run_loop, sequential
 
 
 def make_method(data, **keys):
@@ -26,45 +24,50 @@ def distance(a, b):
 def test_the_generated_model_is_what_each_client_evaluates_and_trains_from(tiny_federation):
     method, context = make_method(tiny_federation)
     assert method.hypernetwork.embeddings.weight.shape == (4, 2)  # int(1 + 4/4)
-    generated = method.server_message(2)
+    generated = method.server_message(2, round_=0)
     params = method.pre_local_init(2, generated, round_=0)
     assert all(torch.equal(params[k], v) for k, v in generated.items())
-    assert not torch.equal(generated["head.weight"], method.server_message(1)["head.weight"])  # per client
-    result = run_hook(context, method.local_train(2, params, round_=1))
+    assert not torch.equal(generated["head.weight"], method.server_message(1, round_=0)["head.weight"])  # per client
+    result = run_hook(context, method.local_train(2, params, generated, round_=1))
     data = tiny_federation.clients[2]
-    expected = context.local_trainer.train(generated, data.x_train, data.y_train,
-                                           seed=derive_seed(0, 1, 2, LOCAL_TRAINING), epochs=1)
+    expected = sequential(context).trainer.train(
+        generated, data.x_train, data.y_train, seed=derive_seed(0, 1, 2, LOCAL_TRAINING), epochs=1
+    )
     assert all(torch.equal(result.params[k], v) for k, v in expected.params.items())
     assert all(torch.equal(result.upload[k], generated[k] - v) for k, v in expected.params.items())  # Δθ
 
     loop = run_loop(method, context)  # round 0 evaluates the generated models, round 1 those after the steps
     for row in loop.history[-1].clients:
-        model = method.server_message(row["client"])
+        model = method.server_message(row["client"], round_=1)
         assert all(torch.equal(context.store.get(row["client"], "model")[k], v) for k, v in model.items())
         data = tiny_federation.clients[row["client"]]
-        assert context.local_trainer.evaluate(model, data.x_test, data.y_test).correct == row["correct"]
+        assert sequential(context).trainer.evaluate(model, data.x_test, data.y_test).correct == row["correct"]
 
 
 def test_a_hypernetwork_step_moves_the_generated_model_towards_the_trained_one(tiny_federation):
     method, _ = make_method(tiny_federation, hn_lr=1e-3, hn_weight_decay=0.0)
-    before = method.server_message(1)
+    before = method.server_message(1, round_=0)
     g = torch.Generator().manual_seed(0)
     trained = {k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in before.items()}
     method.aggregate({1: {k: before[k] - trained[k] for k in before}}, round_=1)  # Δθ_1 = θ_1 − θ̃_1
-    after = method.server_message(1)
+    after = method.server_message(1, round_=1)
     assert distance(after, trained) < distance(before, trained)
-    assert not torch.equal(method.server_message(0)["head.weight"], before["head.weight"])  # φ is shared
+    assert not torch.equal(method.server_message(0, round_=1)["head.weight"], before["head.weight"])  # φ is shared
 
 
 def test_hypernetwork_and_momentum_resume_exactly(tiny_federation):
     method, fresh = make_method(tiny_federation)[0], make_method(tiny_federation)[0]
-    deltas = [{1: {k: 0.01 * torch.ones_like(v) for k, v in method.server_message(1).items()}} for _ in range(2)]
+    deltas = [
+        {1: {k: 0.01 * torch.ones_like(v) for k, v in method.server_message(1, round_=0).items()}} for _ in range(2)
+    ]
     method.aggregate(deltas[0], round_=1)
     fresh.load_state_dict(copy.deepcopy(method.state_dict()))  # as from a checkpoint file: no shared tensors
     method.aggregate(deltas[1], round_=2)
     fresh.aggregate(deltas[1], round_=2)  # needs the saved momentum to take the same step
     for i in range(4):
-        assert all(torch.equal(fresh.server_message(i)[k], v) for k, v in method.server_message(i).items())
+        assert all(
+            torch.equal(fresh.server_message(i, round_=2)[k], v) for k, v in method.server_message(i, round_=2).items()
+        )
 
 
 def test_pfedhn_runs_end_to_end(digits_config):

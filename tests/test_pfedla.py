@@ -8,39 +8,34 @@ import pytest
 import torch
 from torch import nn
 
-from plfl.callbacks.base import RunInfo
-from plfl.client import ClientModule, LocalTrainer, build_trainer
-from plfl.config import FederationConfig, load_config
+from plfl.config import load_config
 from plfl.data import ClientData, FederatedData
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
-from plfl.federation import FederationLoop
-from plfl.methods import method_schema
-from plfl.methods.base import FederationContext, nbytes
+from plfl.methods.base import nbytes
 from plfl.methods.pfedla import (
-    HeurpFedLA, LayerWeightNet, PFedLA, hypernetwork_optimizer, layer_groups, mix, normalized,
+    HeurpFedLA,
+    HeurpFedLAConfig,
+    LayerWeightNet,
+    PFedLA,
+    PFedLAConfig,
+    hypernetwork_optimizer,
+    layer_groups,
+    mix,
+    normalized,
 )
-from plfl.methods.schemas import HeurpFedLAConfig, PFedLAConfig
 from plfl.models import BodyHeadModel, build_model
-from plfl.state import ClientStateStore
+
+from conftest import make_context, run_loop, sequential
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_method(data, config=None, model=None, method=PFedLA, lr=0.1, **federation):
     """A pFedLA-family method on ``data`` (default: MLP with 16 hidden units) and its context."""
-    model = model or build_model("mlp", data.input_shape, data.num_classes, [16])
-    trainer = LocalTrainer(ClientModule(model, data.num_classes, lr=lr), build_trainer("cpu", 1, "32-true"), 10)
-    fed = FederationConfig(**{"batch_size": 10, "lr": lr, **federation})
-    context = FederationContext(data, ClientStateStore(len(data.clients)), model, trainer, fed)
-    config = config or method_schema(method.name)()
+    context, model = make_context(data, model, **{"batch_size": 10, "lr": lr, **federation})
+    config = config or method.config_class()
     return method(config, context, {k: v.detach().clone() for k, v in model.state_dict().items()}), context
-
-
-def run_loop(method, context):
-    loop = FederationLoop(method, context, [], RunInfo(None, Path("."), len(context.data.clients), 0))
-    loop.run()
-    return loop
 
 
 def test_weights_are_distributions_and_dead_rows_fall_back_to_self():
@@ -65,14 +60,17 @@ def test_one_hypernetwork_step_moves_the_mix_towards_the_trained_model(tiny_fede
     torch.manual_seed(0)
     method.thetas = {key: 0.1 * torch.randn_like(t) for key, t in method.thetas.items()}  # distinct θ_j
     method.trained_any = True
-    sent = method.server_message(0)
+    sent = method.server_message(0, round_=0)
     trained = {key: t[2].clone() for key, t in method.thetas.items()}  # θ_0^new: client 2's model
-    distance = lambda params: sum((params[k] - trained[k]).square().sum() for k in trained).sqrt()  # noqa: E731
+
+    def distance(params):
+        return sum((params[k] - trained[k]).square().sum() for k in trained).sqrt()
+
     snapshot = method.thetas
     method.aggregate({0: trained}, round_=1)
     with torch.no_grad():
         alpha = method.hypernetworks[0]()
-    moved = {key: mix(alpha[l], snapshot[key]) for l, keys in enumerate(method.layers.values()) for key in keys}
+    moved = {key: mix(alpha[index], snapshot[key]) for index, keys in enumerate(method.layers.values()) for key in keys}
     assert distance(moved) < distance(sent)  # descent on ½‖θ̄_0 − θ_0^new‖² (a flipped sign increases it)
     assert (alpha[:, 2] > method.sent[0].alpha[:, 2]).all()  # client 2's weight grows in every layer
     assert all(torch.equal(method.thetas[k][0], trained[k]) for k in trained)  # θ_0 ← θ_0^new
@@ -80,16 +78,17 @@ def test_one_hypernetwork_step_moves_the_mix_towards_the_trained_model(tiny_fede
 
 def test_clients_train_from_the_personalized_model(tiny_federation):
     method, context = make_method(tiny_federation, rounds=3)
-    trainer, train = context.local_trainer, context.local_trainer.train
+    trainer = sequential(context).trainer
+    train = trainer.train
     checked = []
 
     def spy(params, x, y, **kwargs):
         client = next(i for i, c in enumerate(tiny_federation.clients) if c.x_train is x)
         with torch.no_grad():
             alpha = method.hypernetworks[client]()  # unchanged since the broadcast, as are the θ_j
-        for l, keys in enumerate(method.layers.values()):
+        for index, keys in enumerate(method.layers.values()):
             for key in keys:
-                assert torch.equal(params[key], mix(alpha[l], method.thetas[key]))
+                assert torch.equal(params[key], mix(alpha[index], method.thetas[key]))
         checked.append(not all(torch.equal(params[k], method.thetas[k][client]) for k in method.thetas))
         return train(params, x, y, **kwargs)
 
@@ -104,7 +103,7 @@ def test_heurpfedla_sends_less_and_retained_layers_stay_local(tiny_federation):
     pfedla, _ = make_method(tiny_federation, model=model)
     heur0, _ = make_method(tiny_federation, HeurpFedLAConfig(k=0), model=model, method=HeurpFedLA)
     for i in range(4):  # k = 0 is pFedLA (same seeded hypernetworks)
-        a, b = pfedla.server_message(i), heur0.server_message(i)
+        a, b = pfedla.server_message(i, round_=0), heur0.server_message(i, round_=0)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
     heur, context = make_method(tiny_federation, HeurpFedLAConfig(k=1), method=HeurpFedLA, rounds=2)
@@ -117,8 +116,8 @@ def test_heurpfedla_sends_less_and_retained_layers_stay_local(tiny_federation):
         model = context.store.get(i, "model")
         for key in heur.layers[layer]:  # bit-identical to what client i trained and uploaded last round
             assert torch.equal(model[key], heur.thetas[key][i])
-        assert not any(key in heur.server_message(i) for key in heur.layers[layer])
-    assert nbytes(heur.server_message(0)) < nbytes(pfedla.server_message(0))
+        assert not any(key in heur.server_message(i, round_=2) for key in heur.layers[layer])
+    assert nbytes(heur.server_message(0, round_=2)) < nbytes(pfedla.server_message(0, round_=0))
 
 
 def test_batchnorm_statistics_stay_local(tiny_federation):
@@ -128,7 +127,7 @@ def test_batchnorm_statistics_stay_local(tiny_federation):
     assert list(layer_groups(model, "tensor"))[:2] == ["body.0.weight", "body.0.bias"]
     local = {k: v + 1.0 if v.is_floating_point() else v + 7 for k, v in model.state_dict().items()}
     context.store.set(0, "model", local)
-    message = method.server_message(0)
+    message = method.server_message(0, round_=0)
     assert not any("running" in key or "num_batches" in key for key in message)
     received = method.pre_local_init(0, message, round_=1)
     for key in ("body.1.running_mean", "body.1.running_var", "body.1.num_batches_tracked"):
@@ -163,8 +162,16 @@ def test_weights_favour_clients_with_the_same_classes():
 
 # Fig. 5 of the paper: a target client (0), one with the same 4 classes (1), one sharing 3 of them (2), and
 # clients whose classes are all different (3-7).
-FIG5_CLASSES = [(0, 1, 2, 3), (0, 1, 2, 3), (0, 1, 2, 4), (4, 5, 6, 7), (4, 5, 6, 7), (5, 6, 7, 4), (6, 7, 4, 5),
-                (7, 4, 5, 6)]
+FIG5_CLASSES = [
+    (0, 1, 2, 3),
+    (0, 1, 2, 3),
+    (0, 1, 2, 4),
+    (4, 5, 6, 7),
+    (4, 5, 6, 7),
+    (5, 6, 7, 4),
+    (6, 7, 4, 5),
+    (7, 4, 5, 6),
+]
 
 
 def fig5_federation() -> FederatedData:
@@ -229,11 +236,11 @@ def test_a_weight_at_the_floor_grows_back_when_its_gradient_turns():
 def test_no_hypernetwork_step_while_every_stored_model_is_the_initial_one(tiny_federation):
     method, _ = make_method(tiny_federation)
     before = [p.clone() for p in method.hypernetworks[0].parameters()]
-    method.server_message(0)
+    method.server_message(0, round_=0)
     trained = {key: t[0] + 0.1 for key, t in method.thetas.items()}
     method.aggregate({0: trained}, round_=1)  # θ̄_0 was the initial model whatever α_0: no signal
     assert all(torch.equal(a, b) for a, b in zip(before, method.hypernetworks[0].parameters()))
-    method.server_message(0)  # now θ_0 differs from the other θ_j
+    method.server_message(0, round_=1)  # now θ_0 differs from the other θ_j
     method.aggregate({0: trained}, round_=2)
     assert not all(torch.equal(a, b) for a, b in zip(before, method.hypernetworks[0].parameters()))
 
@@ -245,7 +252,8 @@ def test_end_to_end_run_writes_the_weight_table(digits_config):
         rows = list(csv.DictReader(f))
     layers = ["body.1", "head"]  # the MLP's two Linear layers
     assert [(int(r["round"]), int(r["client"]), r["layer"]) for r in rows] == [
-        (t, i, layer) for t in (0, 2, 3) for i in range(5) for layer in layers]
+        (t, i, layer) for t in (0, 2, 3) for i in range(5) for layer in layers
+    ]
     for row in rows:
         assert sum(float(row[f"w{j}"]) for j in range(5)) == pytest.approx(1, abs=1e-5)
     metrics = (run_dir / "metrics.csv").read_text().splitlines()

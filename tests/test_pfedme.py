@@ -2,24 +2,20 @@
 the server's β mix, BatchNorm statistics, and an end-to-end run (momentum and data.augment are refused:
 test_bad_input.py)."""
 
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad_and_value
 
-from conftest import last_metrics
-from plfl.client import ClientModule, LocalTrainer, batch_loader, build_trainer
+from plfl.batches import batch_loader
 from plfl.config import FederationConfig
 from plfl.experiment import run_experiment
-from plfl.methods.base import FederationContext
-from plfl.methods.fedavg import FedAvg
-from plfl.methods.pfedme import PFedMe, beta_mix, inner_solution, local_update
-from plfl.methods.schemas import FedAvgConfig, PFedMeConfig
+from plfl.methods.fedavg import FedAvg, FedAvgConfig
+from plfl.methods.pfedme import PFedMe, PFedMeConfig, beta_mix, inner_solution, local_update
 from plfl.seeding import LOCAL_TRAINING, derive_seed
-from plfl.state import ClientStateStore
-from test_federation import make_context
+
+from conftest import last_metrics, make_context, run_hook
 
 
 def make_method(data, federation=None, **keys):
@@ -31,22 +27,28 @@ def test_inner_steps_and_local_update_match_hand_computation():
     # f(θ) = ½‖θ − a‖², ∇f = θ − a; a = (1, −2), θ_0 = w = 0, λ = 1, lr_p = 0.1, K = 2.
     # Step 1: θ = −0.1 (−a) = (0.1, −0.2). Step 2: θ − 0.1 ((θ − a) + θ) = 0.8 θ + 0.1 a = (0.18, −0.36).
     a = torch.tensor([1.0, -2.0])
-    grad_fn = grad_and_value(lambda t: 0.5 * (t["p"] - a).square().sum())
+
+    def grad_fn(theta, buffers):  # no buffers to update: they pass through
+        grads, value = grad_and_value(lambda t: 0.5 * (t["p"] - a).square().sum())(theta)
+        return grads, value, buffers
+
     zero = {"p": torch.zeros(2)}
-    theta, loss = inner_solution(grad_fn, zero, zero, lam=1.0, lr=0.1, steps=2)
+    theta, loss, buffers = inner_solution(grad_fn, zero, zero, {}, lam=1.0, lr=0.1, steps=2)
     torch.testing.assert_close(theta["p"], torch.tensor([0.18, -0.36]))
-    assert loss == pytest.approx((2.5 + 0.5 * (0.9 ** 2 + 1.8 ** 2)) / 2)  # f(θ_0), f(θ_1)
+    assert loss.item() == pytest.approx((2.5 + 0.5 * (0.9**2 + 1.8**2)) / 2)  # f(θ_0), f(θ_1)
     # w ← w − η λ (w − θ) from w = (1, 1): η λ = 1 lands on θ; η λ = 0.5 halfway, ((1, 1) + θ) / 2.
     torch.testing.assert_close(local_update({"p": torch.ones(2)}, theta, lam=2.0, lr=0.5)["p"], theta["p"])
-    torch.testing.assert_close(local_update({"p": torch.ones(2)}, theta, lam=1.0, lr=0.5)["p"],
-                               torch.tensor([0.59, 0.32]))
+    torch.testing.assert_close(
+        local_update({"p": torch.ones(2)}, theta, lam=1.0, lr=0.5)["p"], torch.tensor([0.59, 0.32])
+    )
 
 
 def test_client_loop_matches_an_independent_one(tiny_federation):
     lam, k, plr, lr, client = 2.0, 3, 0.05, 0.1, 1  # client 1: 20 samples, 4 batches of 5, 2 epochs
     method, context = make_method(tiny_federation, {"local_epochs": 2}, lam=lam, k=k, personal_lr=plr)
     global_params = method.global_params
-    result = method.local_train(client, context.store.get(client, "model"), round_=3)
+    message = method.server_message(client, 2)  # the broadcast before round 3
+    result = run_hook(context, method.local_train(client, context.store.get(client, "model"), message, 3))
 
     data = tiny_federation.clients[client]
     w = {key: t.clone() for key, t in global_params.items()}
@@ -57,7 +59,7 @@ def test_client_loop_matches_an_independent_one(tiny_federation):
         for x, y in loader:
             for _ in range(k):
                 leaves = {key: t.requires_grad_() for key, t in theta.items()}
-                loss = F.cross_entropy(functional_call(context.model, leaves, (x,)), y)
+                loss = F.cross_entropy(functional_call(context.architecture, leaves, (x,)), y)
                 grads = torch.autograd.grad(loss, list(leaves.values()))
                 with torch.no_grad():
                     theta = {key: t - plr * (g + lam * (t - w[key])) for (key, t), g in zip(leaves.items(), grads)}
@@ -68,7 +70,7 @@ def test_client_loop_matches_an_independent_one(tiny_federation):
     assert result.samples_seen == 2 * data.num_train
     assert all(torch.equal(method.global_params[key], t) for key, t in global_params.items())  # Θ untouched
     context.store.set(client, "model", result.params)  # as the loop stores it
-    assert method.pre_local_init(client, method.server_message(client), round_=3) is result.params
+    assert run_hook(context, method.pre_local_init(client, method.server_message(client, 3), 3)) is result.params
 
 
 def test_server_mixes_by_beta_and_beta_one_is_fedavgs_average(tiny_federation):
@@ -88,11 +90,10 @@ def test_server_mixes_by_beta_and_beta_one_is_fedavgs_average(tiny_federation):
 
 def test_batchnorm_statistics_stay_with_the_client_and_keys_keep_their_order(tiny_federation):
     model = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4), nn.Linear(4, 3))
-    trainer = LocalTrainer(ClientModule(model, 3, lr=0.1), build_trainer("cpu", 1, "32-true"), 5)
-    context = FederationContext(tiny_federation, ClientStateStore(4), model, trainer, FederationConfig(batch_size=5))
+    context, _ = make_context(tiny_federation, model=model, batch_size=5, lr=FederationConfig().lr)  # default lr
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     method = PFedMe(PFedMeConfig(), context, {k: v.clone() for k, v in initial.items()})
-    result = method.local_train(2, initial, round_=1)
+    result = run_hook(context, method.local_train(2, initial, method.server_message(2, 0), 1))
     assert all(torch.equal(method.global_params[k], v) for k, v in initial.items())  # Θ's statistics untouched
     assert list(result.params) == list(result.upload) == list(initial)
     assert not torch.equal(result.params["1.running_mean"], initial["1.running_mean"])

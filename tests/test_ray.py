@@ -5,6 +5,7 @@ first, because ``ray stop`` stops every Ray on the machine.
 """
 
 import csv
+import dataclasses
 import json
 import os
 import secrets
@@ -19,18 +20,21 @@ from pathlib import Path
 import pytest
 import torch
 
+from plfl.cli import main
+from plfl.config import RayConfig, load_config, resume_config
+from plfl.data import FederatedData
+from plfl.errors import ConfigError
+from plfl.executors.ray_actors import ClientWorker, RayExecutor
+from plfl.experiment import run_experiment
+from plfl.methods import methods
+from plfl.sweep import run_sweep
+from plfl.tasks import ClientFailure, TrainTask
+
+from conftest import make_context, matrix_config, run_results, sequential
+from test_sweep import write_sweep
+
 ray = pytest.importorskip("ray")
 
-from plfl.cli import main  # noqa: E402
-from plfl.config import RayConfig, load_config, resume_config  # noqa: E402
-from plfl.data import FederatedData  # noqa: E402
-from plfl.errors import ConfigError  # noqa: E402
-from plfl.executors import ClientFailure, SequentialExecutor, TrainTask  # noqa: E402
-from plfl.executors.ray_actors import ClientWorker, RayExecutor  # noqa: E402
-from plfl.experiment import run_experiment  # noqa: E402
-from plfl.sweep import run_sweep  # noqa: E402
-from test_federation import make_context  # noqa: E402
-from test_sweep import write_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -57,23 +61,31 @@ def free_port() -> int:
 def tiny_config(tmp_path: Path, rounds: int, **sections: str) -> Path:
     """A config file of 5 digits clients, MLP, ``rounds`` rounds, output in tmp_path; extra sections as YAML."""
     config = tmp_path / "run.yaml"
-    config.write_text(f"output_dir: {tmp_path}\nprogress_bar: false\n"
-                      "data: {source: digits, num_clients: 5, beta: 0.5}\nmodel: {name: mlp, hidden_sizes: [32]}\n"
-                      f"federation: {{rounds: {rounds}, lr: 0.05, batch_size: 20, executor: ray}}\n"
-                      + "".join(f"{k}: {v}\n" for k, v in sections.items()))
+    config.write_text(
+        f"output_dir: {tmp_path}\nprogress_bar: false\n"
+        "data: {source: digits, num_clients: 5, beta: 0.5}\nmodel: {name: mlp, hidden_sizes: [32]}\n"
+        f"federation: {{rounds: {rounds}, lr: 0.05, batch_size: 20, executor: ray}}\n"
+        + "".join(f"{k}: {v}\n" for k, v in sections.items())
+    )
     return config
 
 
 def environment(**extra: str) -> dict[str, str]:
     """This process's environment with this checkout (and the tests, for the workers below) importable first."""
     path = [str(ROOT), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
-            **extra}  # one thread: see conftest.py
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(path),
+        "WANDB_MODE": "disabled",
+        "OMP_NUM_THREADS": "1",
+        **extra,
+    }  # one thread: see conftest.py
 
 
 def plfl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "plfl.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "plfl.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 def test_a_federation_runs_on_a_ray_head_node_started_apart(tmp_path, digits_config):
@@ -81,9 +93,26 @@ def test_a_federation_runs_on_a_ray_head_node_started_apart(tmp_path, digits_con
     # A cluster as its user starts it, with token authentication (RAY_AUTH_TOKEN instead of ~/.ray/auth_token).
     env = environment(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     with tempfile.TemporaryDirectory(prefix="plfl-ray-") as temp_dir:  # short: Ray's socket paths have a limit
-        start = subprocess.run([RAY, "start", "--head", "--num-cpus", "2", "--port", str(port), "--temp-dir",
-                                temp_dir, "--include-dashboard=false", "--disable-usage-stats"],
-                               capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        start = subprocess.run(
+            [
+                RAY,
+                "start",
+                "--head",
+                "--num-cpus",
+                "2",
+                "--port",
+                str(port),
+                "--temp-dir",
+                temp_dir,
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=tmp_path,
+        )
         try:
             assert start.returncode == 0, start.stderr
             config = tiny_config(tmp_path, 3, ray="{address: auto}")
@@ -113,16 +142,20 @@ def local_ray(tmp_path_factory):
         os.environ["PYTHONPATH"] = saved
 
 
-@pytest.mark.parametrize("method, options", [("fedavg", {}), ("fedala", {"method.p": 2})])
-def test_ray_trains_and_evaluates_as_sequential(local_ray, digits_config, monkeypatch, method, options):
+@pytest.mark.parametrize("method", sorted(methods()))
+def test_ray_runs_every_method_as_sequential(local_ray, tmp_path, sequential_results, monkeypatch, method):
+    """Every method's training, own steps and evaluation on 2 Ray actors: the sequential executor's metrics,
+    per-client results and final models, bit for bit; the data go into the object store once per run."""
     puts = []
     put = ray.put
     monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(type(value)) or put(value, **kw))
-    options = {"method.name": method, **options}
-    on_ray, _ = run_experiment(digits_config(**options, **{"federation.executor": "ray"}))
-    assert puts.count(FederatedData) == 1  # the data go into the object store once per run, not per round
-    sequential, _ = run_experiment(digits_config(**options))
-    assert results(on_ray) == results(sequential)
+    run_dir, _ = run_experiment(matrix_config(tmp_path, method, "ray"))
+    assert puts.count(FederatedData) == 1  # not per round
+    metrics, clients, models = run_results(run_dir)
+    expected_metrics, expected_clients, expected_models = sequential_results(method)
+    assert (metrics, clients) == (expected_metrics, expected_clients)
+    for one, other in zip(models, expected_models, strict=True):
+        assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
 
 
 class DiesOnce(ClientWorker):
@@ -159,17 +192,16 @@ def test_an_actor_that_dies_mid_round_is_replaced_and_the_run_resumes_on_ray(loc
     assert results(resumed) == results(sequential)
 
 
-def test_a_second_death_fails_the_client_and_a_plfl_error_reaches_the_driver(local_ray, tiny_federation,
-                                                                             monkeypatch):
+def test_a_second_death_fails_the_client_and_a_plfl_error_reaches_the_driver(local_ray, tiny_federation, monkeypatch):
     monkeypatch.setattr(RayExecutor, "worker", Faulty)
     context, model = make_context(tiny_federation)
-    executor = RayExecutor(tiny_federation, context.local_trainer, "cpu", "32-true", RayConfig(num_actors=2))
+    executor = RayExecutor(dataclasses.replace(context.config, ray=RayConfig(num_actors=2)), tiny_federation, model)
     try:
         start = {k: v.clone() for k, v in model.state_dict().items()}
         tasks = [TrainTask(i, start, seed=i, epochs=1) for i in range(3)]
         results_ = executor.train(tasks)
         assert isinstance(results_[1], ClientFailure) and results_[1].reason.startswith("its Ray actor died twice")
-        expected = SequentialExecutor(tiny_federation, context.local_trainer).train([tasks[0], tasks[2]])
+        expected = sequential(context).train([tasks[0], tasks[2]])
         for result, alone in zip([results_[0], results_[2]], expected):
             assert result.loss == alone.loss and all(torch.equal(result.params[k], v) for k, v in alone.params.items())
         with pytest.raises(ConfigError, match="^bad option; fix it$"):
@@ -200,9 +232,12 @@ def test_without_ray_installed_the_error_says_how_to_install_it(tmp_path, monkey
 
 
 def test_ray_keys_need_the_ray_executor():
-    with pytest.raises(ConfigError, match=r"^ray.num_actors=4 is read only by federation.executor=ray, not by "
-                                          r"federation.executor=vectorized. Remove ray.num_actors or set "
-                                          r"federation.executor=ray.$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^ray.num_actors=4 is read only by federation.executor=ray, not by "
+        r"federation.executor=vectorized. Remove ray.num_actors or set "
+        r"federation.executor=ray.$",
+    ):
         load_config(None, ["federation.executor=vectorized", "ray.num_actors=4"])
 
 
@@ -213,8 +248,13 @@ def test_a_parallel_sweep_gives_the_sequential_results_and_resumes(local_ray, tm
         folder.mkdir()
     run_sweep(write_sweep(one, grid), echo=lambda line: None)
     run_sweep(write_sweep(two, grid), parallel=2, echo=lambda line: None)
-    table = lambda folder: rows(folder / "out" / "sweeps" / "sweep" / "results.csv",  # noqa: E731
-                                drop=("run_dir", "seconds_per_round"))
+
+    def table(folder):
+        return rows(
+            folder / "out" / "sweeps" / "sweep" / "results.csv",
+            drop=("run_dir", "seconds_per_round"),
+        )
+
     assert table(two) == table(one)
     assert [r["federation.lr"] for r in table(two)] == ["0.01", "0.1"] and table(two)[0]["status"] == "completed"
     finished = sorted((two / "out").glob("*/*/summary.json"))
@@ -227,9 +267,15 @@ def test_ctrl_c_stops_the_run_and_the_ray_it_started(tmp_path):
     ray_dir = tempfile.mkdtemp(prefix="plfl-ray-")
     args = [sys.executable, "-m", "plfl.cli", "fit", "--config", str(tiny_config(tmp_path, 200)), "ray.num_actors=1"]
     # A shell's background job inherits an ignored SIGINT, and Python then never raises KeyboardInterrupt: undo it.
-    process = subprocess.Popen(args, cwd=ROOT, env=environment(RAY_TMPDIR=ray_dir), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        args,
+        cwd=ROOT,
+        env=environment(RAY_TMPDIR=ray_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.monotonic() + 300
     while not list(tmp_path.glob("*/*/checkpoints/*")) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -247,6 +293,7 @@ def test_ctrl_c_stops_the_run_and_the_ray_it_started(tmp_path):
 
 def ray_processes(ray_dir: str) -> list[str]:
     """Ids of the processes whose command line names ``ray_dir``."""
+
     def command_line(pid: str) -> str:
         try:
             return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")

@@ -31,10 +31,16 @@ from plfl.report.figures import all_figures, communication_figure, seconds_figur
 from plfl.report.runs import ReportRun, label_runs, read_csv
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
-TITLES = ["Test accuracy per round", "Client accuracy at the best round", "Worst-10 % and top-10 % client accuracy",
-          "Seconds per round", "Bytes sent and received by the server per round",
-          "Global-model accuracy (solid) and personalized accuracy (dotted)", "ALA weight statistics",
-          "Self-FL: variances and local steps"]
+TITLES = [
+    "Test accuracy per round",
+    "Client accuracy at the best round",
+    "Worst-10 % and top-10 % client accuracy",
+    "Seconds per round",
+    "Bytes sent and received by the server per round",
+    "Global-model accuracy (solid) and personalized accuracy (dotted)",
+    "ALA weight statistics",
+    "Self-FL: variances and local steps",
+]
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +50,20 @@ def runs_root(tmp_path_factory) -> Path:
     from plfl.experiment import run_experiment
 
     root = tmp_path_factory.mktemp("runs")
-    base = {"output_dir": str(root), "progress_bar": False,
-            "data": {"source": "digits", "num_clients": 5, "beta": 0.5},
-            "model": {"name": "mlp", "hidden_sizes": [16]},
-            "federation": {"rounds": 2, "lr": 0.05, "batch_size": 20}}
+    base = {
+        "output_dir": str(root),
+        "progress_bar": False,
+        "data": {"source": "digits", "num_clients": 5, "beta": 0.5},
+        "model": {"name": "mlp", "hidden_sizes": [16]},
+        "federation": {"rounds": 2, "lr": 0.05, "batch_size": 20},
+    }
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WANDB_MODE", "disabled")
-        for name, overrides in {"fedala": [], "pfedla": [],
-                                "selffl": ["federation.rounds=3", "method.warmup_rounds=1"]}.items():
+        for name, overrides in {
+            "fedala": [],
+            "pfedla": [],
+            "selffl": ["federation.rounds=3", "method.warmup_rounds=1"],
+        }.items():
             dotlist = [f"name={name}", f"method.name={name}", *overrides]
             run_experiment(validate(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist))))
     return root
@@ -200,8 +212,9 @@ class Rendering:
     then: Any = None  # what render_in_chromium's ``then`` returned
 
 
-def render_in_chromium(html: Path, png: Path, width: int = 1400,
-                       then: Optional[Callable[[Any], Any]] = None) -> Rendering:
+def render_in_chromium(
+    html: Path, png: Path, width: int = 1400, then: Optional[Callable[[Any], Any]] = None
+) -> Rendering:
     """Opens ``html`` in headless Chromium (Debian's chromium + chromium-driver; no display needed, no
     network: every host name fails to resolve), waits for the plots, saves a full-page screenshot, then
     calls ``then(driver)`` if given (to click, say), before reading the console."""
@@ -212,8 +225,14 @@ def render_in_chromium(html: Path, png: Path, width: int = 1400,
 
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)  # with the driver's path below, selenium downloads nothing
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     f"--window-size={width},1000", "--host-resolver-rules=MAP * ~NOTFOUND"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},1000",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+    ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     count = """const plots = [...document.querySelectorAll('.plotly-graph-div')];
@@ -252,8 +271,9 @@ def require_chromium() -> None:
         missing.append("the selenium package")
     if not missing:
         return
-    message = (f"browser test needs {', '.join(missing)} "
-               "(apt-get install chromium chromium-driver; pip install -e '.[dev]')")
+    message = (
+        f"browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver; pip install -e '.[dev]')"
+    )
     if os.environ.get("CI", "").lower() not in ("", "0", "false"):
         pytest.fail(message)
     pytest.skip(message)
@@ -287,15 +307,27 @@ def bare_run(path: str, name: str, config: dict, status: str = "completed") -> R
 
 def test_labels_are_names_and_what_tells_same_named_runs_apart():
     lr = {"method.lr": 0.1, "federation.lr": 0.01}
-    runs = [bare_run("runs/a/t0", "a", {"x": 1}), bare_run("runs/b/t0", "b", {"x": 1}),
-            bare_run("runs/c/t0", "c", {"x": 1}), bare_run("runs/c/t1", "c", {"x": 1}, "failed"),  # run again
-            bare_run("runs/d/t0", "d", lr), bare_run("runs/d/t1", "d", {"method.lr": 0.2, "federation.lr": 0.02}),
-            bare_run("runs/e/t0", "e", dict.fromkeys("pqrs", 0)), bare_run("runs/e/t1", "e", dict.fromkeys("pqrs", 1))]
+    runs = [
+        bare_run("runs/a/t0", "a", {"x": 1}),
+        bare_run("runs/b/t0", "b", {"x": 1}),
+        bare_run("runs/c/t0", "c", {"x": 1}),
+        bare_run("runs/c/t1", "c", {"x": 1}, "failed"),  # run again
+        bare_run("runs/d/t0", "d", lr),
+        bare_run("runs/d/t1", "d", {"method.lr": 0.2, "federation.lr": 0.02}),
+        bare_run("runs/e/t0", "e", dict.fromkeys("pqrs", 0)),
+        bare_run("runs/e/t1", "e", dict.fromkeys("pqrs", 1)),
+    ]
     label_runs(runs)
     assert [r.label for r in runs] == [
-        "a", "b", "c: t0", "c: t1 [failed]",
-        "d: method.lr=0.1, federation.lr=0.01", "d: method.lr=0.2, federation.lr=0.02",  # both end in "lr"
-        "e: t0", "e: t1"]  # four keys differ: over most_keys=3
+        "a",
+        "b",
+        "c: t0",
+        "c: t1 [failed]",
+        "d: method.lr=0.1, federation.lr=0.01",
+        "d: method.lr=0.2, federation.lr=0.02",  # both end in "lr"
+        "e: t0",
+        "e: t1",
+    ]  # four keys differ: over most_keys=3
 
 
 def test_sweep_runs_have_short_legend_entries_and_details_on_hover(sweep_root):
@@ -336,9 +368,11 @@ def test_seconds_and_bytes_are_on_log_axes_with_sent_and_received_apart(sweep_ro
 
 def test_zero_bytes_are_left_out_of_the_log_axis():
     local = bare_run("runs/local/t0", "local", {})
-    local.metrics = [{"round": 0, "seconds": 0.5, "bytes_sent": 0, "bytes_received": None},
-                     {"round": 1, "seconds": 2.0, "bytes_sent": 0, "bytes_received": 0},
-                     {"round": 2, "seconds": 1.5, "bytes_sent": 400, "bytes_received": 0}]
+    local.metrics = [
+        {"round": 0, "seconds": 0.5, "bytes_sent": 0, "bytes_received": None},
+        {"round": 1, "seconds": 2.0, "bytes_sent": 0, "bytes_received": 0},
+        {"round": 2, "seconds": 1.5, "bytes_sent": 400, "bytes_received": 0},
+    ]
     label_runs([local])
     sent, received = communication_figure([local]).data
     assert (list(sent.x), list(sent.y)) == ([2], [400])

@@ -11,13 +11,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from plfl.checkpoint import CorruptCheckpoint, list_checkpoints, load_latest_checkpoint, read_checkpoint, \
-    save_checkpoint
+from plfl.checkpoint import (
+    CorruptCheckpoint,
+    list_checkpoints,
+    load_latest_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from plfl.cli import main
-from plfl.errors import ConfigError, PlflError
 from plfl.config import resume_config
+from plfl.errors import ConfigError, PlflError
 from plfl.experiment import run_experiment
-from plfl.methods import METHODS
+from plfl.methods import methods
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,10 +33,10 @@ from plfl.cli import main
 from plfl.methods.base import Method
 round_, client = int(sys.argv[1]), int(sys.argv[2])
 train = Method.local_train
-def local_train(self, client_id, params, r):
+def local_train(self, client_id, params, message, r):
     if (r, client_id) == (round_, client):
         os.kill(os.getpid(), signal.SIGKILL)
-    return train(self, client_id, params, r)
+    return train(self, client_id, params, message, r)
 Method.local_train = local_train
 sys.exit(main(sys.argv[3:]))
 """
@@ -41,9 +46,14 @@ FEDALA_OPTIONS = "  s: 80\n  p: 2\n"
 
 def plfl(*args: str, killed_in: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
     command = ["-c", KILLED_IN_ROUND, *map(str, killed_in)] if killed_in else ["-m", "plfl.cli"]
-    return subprocess.run([sys.executable, *command, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin",
-                                            "OMP_NUM_THREADS": "1"})  # one thread: see conftest.py
+    return subprocess.run(
+        [sys.executable, *command, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )  # one thread: see conftest.py
 
 
 def run_dir_of(out: subprocess.CompletedProcess) -> Path:
@@ -58,14 +68,22 @@ def rows(path: Path) -> list[dict[str, str]]:
 
 def results(run_dir: Path) -> tuple:
     summary = json.loads((run_dir / "summary.json").read_text())
-    return (rows(run_dir / "metrics.csv"), rows(run_dir / "clients.csv"),
-            {k: summary[k] for k in ("status", "best_accuracy", "best_round", "final_accuracy", "rounds")})
+    return (
+        rows(run_dir / "metrics.csv"),
+        rows(run_dir / "clients.csv"),
+        {k: summary[k] for k in ("status", "best_accuracy", "best_round", "final_accuracy", "rounds")},
+    )
 
 
-@pytest.mark.parametrize("method, corrupt_latest, executor, offload", [("fedavg", True, "sequential", False),
-                                                                      ("fedala", False, "sequential", False),
-                                                                      ("fedftha", False, "vectorized", False),
-                                                                      ("fedala", False, "sequential", True)])
+@pytest.mark.parametrize(
+    "method, corrupt_latest, executor, offload",
+    [
+        ("fedavg", True, "sequential", False),
+        ("fedala", False, "sequential", False),
+        ("fedftha", False, "vectorized", False),
+        ("fedala", False, "sequential", True),
+    ],
+)
 def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, corrupt_latest, executor, offload):
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -92,18 +110,24 @@ def test_run_killed_mid_round_resumes_to_identical_metrics(tmp_path, method, cor
     assert resumed.returncode == 0, resumed.stderr
     assert run_dir_of(resumed) == run_dir and not (run_dir / "client-state").exists()
     if corrupt_latest:
-        assert "round-00002.pt is truncated or corrupt (its SHA-256 digest does not match). Using the " \
-               "checkpoint before it." in resumed.stderr
+        assert (
+            "round-00002.pt is truncated or corrupt (its SHA-256 digest does not match). Using the "
+            "checkpoint before it." in resumed.stderr
+        )
     assert results(run_dir) == results(run_dir_of(full))
 
 
-EXTRA_OPTIONS = {"fedala": {"method.p": 2}, "selffl": {"method.warmup_rounds": 1, "method.l_max": 5},
-                 "fedbn": {"model.batch_norm": True},
-                 # Schedules over the run's rounds unless fixed: APPLE's end L, FedPHP's T.
-                 "apple": {"method.schedule_rounds": 3}, "fedphp": {"method.inheritance_rounds": 3}}
+EXTRA_OPTIONS = {
+    "fedala": {"method.p": 2},
+    "selffl": {"method.warmup_rounds": 1, "method.l_max": 5},
+    "fedbn": {"model.batch_norm": True},
+    # Schedules over the run's rounds unless fixed: APPLE's end L, FedPHP's T.
+    "apple": {"method.schedule_rounds": 3},
+    "fedphp": {"method.inheritance_rounds": 3},
+}
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(methods()))
 def test_every_method_continues_from_its_checkpoint_exactly(digits_config, method):
     """Server state, client store and RNGs all come back: 2 rounds + 1 resumed = 3 rounds straight."""
     options = {"method.name": method, **EXTRA_OPTIONS.get(method, {})}
@@ -136,6 +160,7 @@ class RunsCommand:
 
     def __reduce__(self):
         import os
+
         return os.system, (f"touch {self.marker}",)
 
 
@@ -179,8 +204,9 @@ def test_resume_refuses_what_it_cannot_continue(tmp_path, digits_config, capsys)
         run_experiment(resume_config(unsaved), unsaved)
 
     finished, _ = run_experiment(digits_config(**{"federation.rounds": 1}))
-    with pytest.raises(PlflError, match="already finished round 1 of federation.rounds=1; to train longer, "
-                                        "pass federation.rounds=N"):
+    with pytest.raises(
+        PlflError, match="already finished round 1 of federation.rounds=1; to train longer, pass federation.rounds=N"
+    ):
         run_experiment(resume_config(finished), finished)
     with pytest.raises(ConfigError, match="--resume cannot change data: the checkpoint holds state for the saved data"):
         resume_config(finished, ["data.num_clients=6"])

@@ -6,19 +6,29 @@ import math
 import pytest
 import torch
 
-from plfl.client import TrainResult
-from plfl.config import FederationConfig
+from plfl.config import ExperimentConfig, FederationConfig
 from plfl.data import ClientData, FederatedData
 from plfl.errors import ConfigError
+from plfl.executors import SequentialExecutor
 from plfl.experiment import run_experiment
 from plfl.methods.base import FederationContext
 from plfl.methods.selffl import (
-    SIGMA0_SQ, SIGMA_SQ, TOTAL_WEIGHT, SelfFL, across_variance, leave_one_out, local_steps,
-    loo_init, welford_update, welford_variance,
+    SIGMA0_SQ,
+    SIGMA_SQ,
+    TOTAL_WEIGHT,
+    SelfFL,
+    SelfFLConfig,
+    across_variance,
+    leave_one_out,
+    local_steps,
+    loo_init,
+    welford_update,
+    welford_variance,
 )
-from plfl.methods.schemas import SelfFLConfig
 from plfl.state import ClientStateStore
-from test_federation import make_context, run_hook
+from plfl.tasks import TrainResult
+
+from conftest import make_context, run_hook, sequential
 
 
 class QuadraticTrainer:
@@ -56,31 +66,46 @@ def gaussian_errors(seed: int, M=20, sigma0_sq=1.0, noise_sq=4.0, warmup=20, rou
     Client m holds n_m ~ U{2..49} scalars x ~ N(θ_m, noise_sq), θ_m ~ N(0, σ_0²); its local
     optimum is z_m = mean(x), σ_m² = noise_sq / n_m. Self-FL runs through its hooks in the
     federation loop's order; its personal estimate is one more local training from INIT_m on
-    the full-data loss (a single bootstrap round would add noise of the size being measured).
+    the full-data loss (a single bootstrap round would add noise of the size being measured). The quadratic
+    trainer stands in for the sequential executor's LocalTrainer; the model has no architecture.
     """
     g = torch.Generator().manual_seed(seed)
-    theta = sigma0_sq ** 0.5 * torch.randn(M, generator=g, dtype=torch.float64)
+    theta = sigma0_sq**0.5 * torch.randn(M, generator=g, dtype=torch.float64)
     n = torch.randint(2, 50, (M,), generator=g)
-    xs = [theta[m] + noise_sq ** 0.5 * torch.randn(int(n[m]), generator=g, dtype=torch.float64) for m in range(M)]
-    labels = lambda x: torch.zeros(len(x), dtype=torch.long)  # noqa: E731 (unused by the quadratic loss)
+    xs = [theta[m] + noise_sq**0.5 * torch.randn(int(n[m]), generator=g, dtype=torch.float64) for m in range(M)]
+
+    def labels(x):
+        return torch.zeros(len(x), dtype=torch.long)  # unused by the quadratic loss
+
     clients = [ClientData(x, labels(x), x[:1], labels(x[:1])) for x in xs]
     data = FederatedData("gaussian", clients, num_classes=1, input_shape=())
     trainer = QuadraticTrainer(lr)
-    context = FederationContext(data, ClientStateStore(M), None, trainer, FederationConfig(lr=lr, seed=seed))
+    executor = SequentialExecutor(data, trainer)
+    config = ExperimentConfig(federation=FederationConfig(lr=lr, seed=seed))
+    context = FederationContext(data, ClientStateStore(M), config, None)
     method = SelfFL(SelfFLConfig(warmup_rounds=warmup), context, {"theta": torch.zeros(1, dtype=torch.float64)})
+    received = {}  # the last broadcast's message to each client, as the loop keeps them for local_train
     for round_ in range(warmup + rounds + 1):
         if round_ > 0:
             messages = {}
             for m in range(M):
-                result = run_hook(context, method.local_train(m, context.store.get(m, "model"), round_))
+                hook = method.local_train(m, context.store.get(m, "model"), received[m], round_)
+                result = run_hook(context, hook, executor)
                 context.store.set(m, "model", result.params)
-                messages[m] = method.client_message(m, result)
+                messages[m] = method.client_message(m, result, round_)
             method.aggregate(messages, round_)
         for m in range(M):
-            context.store.set(m, "model", method.pre_local_init(m, method.server_message(m), round_))
+            received[m] = method.server_message(m, round_)
+            context.store.set(m, "model", method.pre_local_init(m, received[m], round_))
     trainer.bootstrap = False
-    personal = torch.cat([run_hook(context, method.local_train(m, context.store.get(m, "model"), round_ + 1))
-                          .params["theta"] for m in range(M)])
+    personal = torch.cat(
+        [
+            run_hook(
+                context, method.local_train(m, context.store.get(m, "model"), received[m], round_ + 1), executor
+            ).params["theta"]
+            for m in range(M)
+        ]
+    )
     z = torch.stack([x.mean() for x in xs])
     target = fl_optimum(z, noise_sq / n.double(), sigma0_sq)
     fedavg = (n * z).sum() / n.sum()  # FedAvg's fixed point with converged local training
@@ -120,12 +145,13 @@ def test_client_variance_is_across_rounds_not_across_coordinates(tiny_federation
     context, model = make_context(tiny_federation)
     method = SelfFL(SelfFLConfig(eps=1e-7), context, {k: v.clone() for k, v in model.state_dict().items()})
     trained = {k: torch.linspace(-1, 1, v.numel()).reshape(v.shape) for k, v in model.state_dict().items()}
-    monkeypatch.setattr(context.local_trainer, "train", lambda *a, **k: TrainResult(trained, 0.0, 1))
+    monkeypatch.setattr(sequential(context).trainer, "train", lambda *a, **k: TrainResult(trained, 0.0, 1))
     uploads = []
     for round_ in (1, 2, 3):
-        context.store.set(0, "model", method.pre_local_init(0, method.server_message(0), round_ - 1))
-        result = run_hook(context, method.local_train(0, context.store.get(0, "model"), round_))
-        uploads.append(method.client_message(0, result))
+        message = method.server_message(0, round_ - 1)
+        context.store.set(0, "model", method.pre_local_init(0, message, round_ - 1))
+        result = run_hook(context, method.local_train(0, context.store.get(0, "model"), message, round_))
+        uploads.append(method.client_message(0, result, round_))
     assert math.isnan(uploads[0][SIGMA_SQ].item())  # one upload: no variance yet
     assert uploads[1][SIGMA_SQ].item() == uploads[2][SIGMA_SQ].item() == 1e-7  # 0, floored at eps
 
@@ -145,7 +171,9 @@ def test_aggregation_by_hand(tiny_federation):
     context, model = make_context(tiny_federation, join_ratio=0.5)
     zeros = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
     method = SelfFL(SelfFLConfig(warmup_rounds=0), context, zeros)
-    model_of = lambda value: {k: torch.full_like(v, value) for k, v in zeros.items()}  # noqa: E731
+
+    def model_of(value):
+        return {k: torch.full_like(v, value) for k, v in zeros.items()}
 
     def message(value, sigma_sq):
         return {**model_of(value), SIGMA_SQ: torch.tensor(sigma_sq, dtype=torch.float64)}
@@ -156,7 +184,7 @@ def test_aggregation_by_hand(tiny_federation):
     assert method.sigma0_sq == 2.0
     assert all(torch.allclose(v, torch.full_like(v, 5 / 6)) for v in method.global_params.values())
     # W over all four clients; clients 2 and 3 count with the mean σ² = 4: 1/4 + 1/8 + 2/6 = 17/24.
-    sent = method.server_message(2)
+    sent = method.server_message(2, round_=1)
     assert sent[SIGMA0_SQ].item() == 2.0 and sent[TOTAL_WEIGHT].item() == pytest.approx(17 / 24)
     assert sent.keys() - zeros.keys() == {SIGMA0_SQ, TOTAL_WEIGHT}
 
@@ -189,8 +217,9 @@ def test_fedavg_style_training_in_warmup_and_before_two_uploads(tiny_federation)
 
 def test_selffl_runs_on_digits(digits_config):
     # l_max = 10 steps of 20 samples: a Self-FL round costs less than an epoch (~270 samples).
-    run_dir, summary = run_experiment(digits_config(**{"method.name": "selffl", "method.warmup_rounds": 0,
-                                                       "method.l_max": 10, "federation.lr": 0.1}))
+    run_dir, summary = run_experiment(
+        digits_config(**{"method.name": "selffl", "method.warmup_rounds": 0, "method.l_max": 10, "federation.lr": 0.1})
+    )
     assert summary["status"] == "completed" and summary["final_accuracy"] > 0.5
     with open(run_dir / "metrics.csv") as f:
         metrics = list(csv.DictReader(f))

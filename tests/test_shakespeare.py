@@ -30,8 +30,10 @@ def play(tmp_path: Path, speeches: list[tuple[str, list[str]]], name: str = "inp
 def synthetic_play(tmp_path: Path, roles=("ROMEO", "JULIET", "Nurse"), speeches=12, seed=0) -> Path:
     """Speeches of 3-6 lines of random words, the roles taking turns."""
     rng = np.random.default_rng(seed)
-    text = [(roles[i % len(roles)], [" ".join(rng.choice(WORDS, 8)) for _ in range(rng.integers(3, 7))])
-            for i in range(speeches)]
+    text = [
+        (roles[i % len(roles)], [" ".join(rng.choice(WORDS, 8)) for _ in range(rng.integers(3, 7))])
+        for i in range(speeches)
+    ]
     return play(tmp_path, text)
 
 
@@ -49,8 +51,15 @@ def decode(ids) -> str:
 def test_roles_become_clients_with_leaf_windows_and_ids(tmp_path):
     line = "But, soft! what light through yonder window breaks? " * 5
     n = len(line)  # 260: the second line's newline is sample n
-    path = play(tmp_path, [("ROMEO", [line, "It is the east,  and Juliet is the sun."]), ("JULIET", ["Ay me!"] * 60),
-                           ("ROMEO", ["Arise, fair sun."] * 10), ("Nurse", ["Anon!"])])
+    path = play(
+        tmp_path,
+        [
+            ("ROMEO", [line, "It is the east,  and Juliet is the sun."]),
+            ("JULIET", ["Ay me!"] * 60),
+            ("ROMEO", ["Arise, fair sun."] * 10),
+            ("Nurse", ["Anon!"]),
+        ],
+    )
     data = load(path, min_chars=400)
     assert data.name == "shakespeare:input.txt" and len(data.clients) == 2  # Nurse's 6 characters are too few
     assert data.num_classes == data.vocab_size == len(ALL_LETTERS) == 80 and data.input_shape == (80,)
@@ -60,21 +69,22 @@ def test_roles_become_clients_with_leaf_windows_and_ids(tmp_path):
     # The first window of a line is 80 spaces; every later one slides by a character, within the line.
     assert decode(x[0]) == " " * 80 and decode(y[:4]) == "But,"
     assert decode(x[100]) == line[20:100] and decode(y[100:102]) == line[100:102]
-    assert decode(y[n:n + 3]) == "\nIt" and decode(x[n + 1]) == " " * 80  # the newline is a target, then a new line
+    assert decode(y[n : n + 3]) == "\nIt" and decode(x[n + 1]) == " " * 80  # the newline is a target, then a new line
     assert decode(x[n + 1 + 30])[-30:] == "It is the east, and Juliet is "  # the double space collapsed
     assert ALL_LETTERS.index("\n") == 0 and ALL_LETTERS.index(" ") == 1
 
 
 def test_split_keeps_text_order_and_leafs_79_window_gap(tmp_path):
-    data = load(play(tmp_path, [("KING", [f"Line number {i} of the king's long speech." for i in range(30)])]),
-                min_chars=400)
+    data = load(
+        play(tmp_path, [("KING", [f"Line number {i} of the king's long speech." for i in range(30)])]), min_chars=400
+    )
     (king,) = data.clients
     n = sum(len(f"Line number {i} of the king's long speech.") + 1 for i in range(30))
     assert king.num_train == int(0.8 * n) and king.num_test == n - int(0.8 * n) - 79
     # Sample k predicts character k of the role's text: test targets lie after every train window's input.
     text = "".join(f"Line number {i} of the king's long speech.\n" for i in range(30))
-    assert decode(king.y_train) == text[:king.num_train]
-    assert decode(king.y_test) == text[king.num_train + 79:]
+    assert decode(king.y_train) == text[: king.num_train]
+    assert decode(king.y_test) == text[king.num_train + 79 :]
 
 
 def test_directory_root_unknown_characters_and_role_names(tmp_path):
@@ -85,15 +95,23 @@ def test_directory_root_unknown_characters_and_role_names(tmp_path):
     assert lady.num_train + lady.num_test + 79 == len(first) + 1 + len(second) + 1
 
 
-@pytest.mark.parametrize("write, message", [
-    (None, "Play text {t}/none.txt does not exist. Set data.root to a play text"),
-    ("", "{t}/p.txt is empty. Point data.root at a play text whose speeches are headed by the speaker's name"),
-    ("Once upon a time\nthere was a king.\n", "{t}/p.txt has no speaker headings. data.source=shakespeare needs"),
-    ("ROMEO:\nHello.\n\nAnd a stage direction.\n\nJULIET:\nHi.\n",
-     "{t}/p.txt, line 4: 'And a stage direction.' opens a speech without a speaker heading."),
-    ("ROMEO:\nHello.\n", "No role in {t}/p.txt has data.min_chars=10000 characters; the longest, 'ROMEO', has 7. "
-                         "Lower data.min_chars"),
-])
+@pytest.mark.parametrize(
+    "write, message",
+    [
+        (None, "Play text {t}/none.txt does not exist. Set data.root to a play text"),
+        ("", "{t}/p.txt is empty. Point data.root at a play text whose speeches are headed by the speaker's name"),
+        ("Once upon a time\nthere was a king.\n", "{t}/p.txt has no speaker headings. data.source=shakespeare needs"),
+        (
+            "ROMEO:\nHello.\n\nAnd a stage direction.\n\nJULIET:\nHi.\n",
+            "{t}/p.txt, line 4: 'And a stage direction.' opens a speech without a speaker heading.",
+        ),
+        (
+            "ROMEO:\nHello.\n",
+            "No role in {t}/p.txt has data.min_chars=10000 characters; the longest, 'ROMEO', has 7. "
+            "Lower data.min_chars",
+        ),
+    ],
+)
 def test_malformed_play_texts_are_refused_with_the_fix(tmp_path, write, message):
     path = tmp_path / ("none.txt" if write is None else "p.txt")
     if write is not None:
@@ -163,12 +181,18 @@ ALA_QUICK = {"num_pre_loss": 2, "threshold": 1.0, "max_init_epochs": 3}  # a sho
 @pytest.mark.parametrize("method", ["fedavg", "fedala"])
 def test_one_round_on_a_synthetic_play_trains_the_lstm(tmp_path, method):
     root = synthetic_play(tmp_path)
-    cfg = validate(OmegaConf.create({
-        "output_dir": str(tmp_path / "runs"), "progress_bar": False,
-        "data": {"source": "shakespeare", "root": str(root), "min_chars": 400},
-        "model": {"name": "lstm", "hidden_dim": 16},
-        "method": {"name": method, **(ALA_QUICK if method == "fedala" else {})},
-        "federation": {"rounds": 1, "lr": 0.8, "batch_size": 10}}))
+    cfg = validate(
+        OmegaConf.create(
+            {
+                "output_dir": str(tmp_path / "runs"),
+                "progress_bar": False,
+                "data": {"source": "shakespeare", "root": str(root), "min_chars": 400},
+                "model": {"name": "lstm", "hidden_dim": 16},
+                "method": {"name": method, **(ALA_QUICK if method == "fedala" else {})},
+                "federation": {"rounds": 1, "lr": 0.8, "batch_size": 10},
+            }
+        )
+    )
     run_dir, summary = run_experiment(cfg)
     with open(run_dir / "metrics.csv") as f:
         rounds = list(csv.DictReader(f))

@@ -60,7 +60,10 @@ def test_state_dict_loads_back_into_either_kind_of_store(store, tmp_path):
     offloaded.offload(tmp_path / "other")
     for restored in (ram, offloaded):
         restored.load_state_dict(saved)
-        assert restored.get(0, "model")["w"].tolist() == [1.0, 2.0] and restored.get(3, "model")["w"].tolist() == [3.0, 4.0]
+        assert restored.get(0, "model")["w"].tolist() == [1.0, 2.0] and restored.get(3, "model")["w"].tolist() == [
+            3.0,
+            4.0,
+        ]
         assert restored.get(3, "count") == 2 and (1, "model") not in restored
     with pytest.raises(ValueError, match="state for 4 clients given to a store of 3"):
         ClientStateStore(3).load_state_dict(saved)
@@ -157,8 +160,11 @@ def test_offloaded_state_gives_the_same_run_and_checkpoint(digits_config, method
 
 @pytest.mark.parametrize("method", ["fedala", "selffl"])
 def test_offloaded_run_resumes_to_identical_metrics(digits_config, method):
-    options = {"method.name": method, "federation.state_offload": True,
-               **({"method.p": 2} if method == "fedala" else OPTIONS[method])}
+    options = {
+        "method.name": method,
+        "federation.state_offload": True,
+        **({"method.p": 2} if method == "fedala" else OPTIONS[method]),
+    }
     straight, _ = run_experiment(digits_config(**options, **{"federation.rounds": 3}))
     stopped, _ = run_experiment(digits_config(**options, **{"federation.rounds": 2}))
     resumed, _ = run_experiment(resume_config(stopped, ["federation.rounds=3"]), stopped)

@@ -21,13 +21,21 @@ COMBINATIONS = {(0.01, "fedavg"), (0.01, "local"), (0.1, "fedavg"), (0.1, "local
 
 def write_sweep(tmp_path: Path, parameters=GRID, command_args=("${args_no_hyphens}",), **keys) -> Path:
     """A sweep file whose command runs a tiny digits config (2 clients, MLP, 3 rounds) with output in tmp_path/out."""
-    config = {"output_dir": str(tmp_path / "out"), "progress_bar": False,
-              "data": {"source": "digits", "num_clients": 2, "beta": 0.5},
-              "model": {"name": "mlp", "hidden_sizes": [16]},
-              "federation": {"rounds": 3, "lr": 0.05, "batch_size": 50}}
+    config = {
+        "output_dir": str(tmp_path / "out"),
+        "progress_bar": False,
+        "data": {"source": "digits", "num_clients": 2, "beta": 0.5},
+        "model": {"name": "mlp", "hidden_sizes": [16]},
+        "federation": {"rounds": 3, "lr": 0.05, "batch_size": 50},
+    }
     (tmp_path / "digits.yaml").write_text(yaml.safe_dump(config))
-    sweep = {"method": "grid", "metric": {"name": "best_accuracy", "goal": "maximize"}, "parameters": parameters,
-             "command": ["${env}", "plfl", "fit", "--config", str(tmp_path / "digits.yaml"), *command_args], **keys}
+    sweep = {
+        "method": "grid",
+        "metric": {"name": "best_accuracy", "goal": "maximize"},
+        "parameters": parameters,
+        "command": ["${env}", "plfl", "fit", "--config", str(tmp_path / "digits.yaml"), *command_args],
+        **keys,
+    }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(sweep))
     return path
@@ -55,8 +63,12 @@ def fake_training(calls: list, fail=lambda cfg: False, interrupt_at=None):
         if fail(cfg):
             raise RuntimeError("diverged")
         score = -abs(math.log10(cfg.federation.lr) + 2)
-        return run_dir, {"status": "completed", "best_accuracy": score, "final_accuracy": score - 1,
-                         "seconds_per_round": 0.5}
+        return run_dir, {
+            "status": "completed",
+            "best_accuracy": score,
+            "final_accuracy": score - 1,
+            "seconds_per_round": 0.5,
+        }
 
     return run
 
@@ -123,7 +135,8 @@ def test_an_interrupted_sweep_continues_and_a_failing_trial_is_recorded(tmp_path
     assert sorted(calls) == [(0.1, "fedavg"), (0.1, "local")]  # only what the interruption left
     failed = [r for r in rows(tmp_path) if r["status"] == "failed"]
     assert [(r["federation.lr"], r["method.name"], r["error"], r["best_accuracy"]) for r in failed] == [
-        ("0.1", "local", "RuntimeError: diverged", "")]
+        ("0.1", "local", "RuntimeError: diverged", "")
+    ]
     assert (Path(failed[0]["run_dir"]) / "config.yaml").is_file()  # the failed trial's own run directory
     assert "1 of 4 trials failed" in capsys.readouterr().err
 
@@ -155,16 +168,21 @@ def test_bayes_and_random_sweeps_stop_at_the_count_of_all_trials(tmp_path, monke
         run_sweep(tmp_path / "endless" / "sweep.yaml")
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"parameters": None}, "'parameters' is a required property"),
-    ({"method": "annealing"}, "'annealing' is not one of ['bayes', 'random', 'grid', 'custom']"),
-    ({"parameters": {"method.zz": {"values": [1, 2]}}}, "parameter method.zz = 1 does not give a valid config: "
-                                                        "Unknown config key 'method.zz'"),
-    ({"parameters": {"method.name": {"values": ["fedavg", "fedxyz"]}}}, "Unknown method.name 'fedxyz'"),
-    ({"parameters": {"federation.lr": {"values": [0.1, 0.0]}}}, "'federation.lr' must be a number > 0; got 0.0"),
-    ({"command_args": ()}, "the command lacks ${args_no_hyphens}, so wandb agent would not pass the parameters"),
-    ({"command_args": ("${args}",)}, "command argument '${args}' is not --config"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"parameters": None}, "'parameters' is a required property"),
+        ({"method": "annealing"}, "'annealing' is not one of ['bayes', 'random', 'grid', 'custom']"),
+        (
+            {"parameters": {"method.zz": {"values": [1, 2]}}},
+            "parameter method.zz = 1 does not give a valid config: Unknown config key 'method.zz'",
+        ),
+        ({"parameters": {"method.name": {"values": ["fedavg", "fedxyz"]}}}, "Unknown method.name 'fedxyz'"),
+        ({"parameters": {"federation.lr": {"values": [0.1, 0.0]}}}, "'federation.lr' must be a number > 0; got 0.0"),
+        ({"command_args": ()}, "the command lacks ${args_no_hyphens}, so wandb agent would not pass the parameters"),
+        ({"command_args": ("${args}",)}, "command argument '${args}' is not --config"),
+    ],
+)
 def test_a_bad_sweep_file_is_a_clear_error_before_any_trial(tmp_path, monkeypatch, change, message):
     calls = []
     monkeypatch.setattr(plfl.experiment, "run_experiment", fake_training(calls))
@@ -185,8 +203,10 @@ def test_bad_input_on_the_command_line_exits_2_with_one_paragraph(tmp_path, monk
     path = write_sweep(tmp_path)
     assert main(["sweep", str(path), "method.name=local"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "plfl sweep: 'method.name=local' sets a parameter that " f"{path} sweeps; remove it from the command line "
-        "or from the file's command.")
+        "plfl sweep: 'method.name=local' sets a parameter that "
+        f"{path} sweeps; remove it from the command line "
+        "or from the file's command."
+    )
     assert main(["sweep", str(path), "--count", "1"]) == 0
     assert main(["sweep", str(path), "federation.rounds=1"]) == 2  # the sweep directory holds other overrides
     assert "holds trials of a different sweep (changed: overrides)" in capsys.readouterr().err
@@ -196,8 +216,10 @@ def test_a_metric_missing_from_summary_json_stops_the_sweep_naming_the_valid_one
     calls = []
     monkeypatch.setattr(plfl.experiment, "run_experiment", fake_training(calls))
     path = write_sweep(tmp_path, metric={"name": "val_acc", "goal": "maximize"})
-    with pytest.raises(ConfigError, match="metric 'val_acc' is not in summary.json .*; use one of best_accuracy, "
-                                          "final_accuracy, seconds_per_round"):
+    with pytest.raises(
+        ConfigError,
+        match="metric 'val_acc' is not in summary.json .*; use one of best_accuracy, final_accuracy, seconds_per_round",
+    ):
         run_sweep(path)
     assert len(calls) == 1
 

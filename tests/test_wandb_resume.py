@@ -10,6 +10,7 @@ import pytest
 from plfl.config import resume_config
 from plfl.errors import PlflWarning
 from plfl.experiment import run_experiment
+
 from test_resume import KILLED_IN_ROUND, ROOT
 
 
@@ -18,8 +19,12 @@ def offline_runs(run_dir: Path) -> list[tuple[dict, list[dict]]]:
     W&B's own reader (``wandb leet inspect --json``) decodes them."""
     runs = []
     for path in (run_dir / "wandb").glob("offline-run-*"):
-        out = subprocess.run([sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         records = [json.loads(line) for line in out.stdout.splitlines()]
         run = next(r["run"] for r in records if r["type"] == "run")
         runs.append((run, [r["history"]["item"] for r in records if r["type"] == "history"]))
@@ -49,10 +54,21 @@ def test_resumed_run_rewinds_its_wandb_run_so_every_round_is_logged_once(tmp_pat
         "method: {name: fedavg}\nfederation: {rounds: 5, lr: 0.05, batch_size: 20}\n"
     )
     # W&B writes its .wandb file every 15 s: flush often, so that round 0 is on disk before the kill.
-    env = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL": "0.1",
-           "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    killed = subprocess.run([sys.executable, "-c", KILLED_IN_ROUND, "4", "0", "fit", "--config", str(config)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    env = {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB__TRANSACTION_LOG_FLUSH_INTERVAL": "0.1",
+        "HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+    }
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_IN_ROUND, "4", "0", "fit", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert killed.returncode == -9, killed.stderr
     run_dir = next((tmp_path / "wb").iterdir())
     run_id = (run_dir / "wandb_run_id").read_text().strip()
@@ -124,8 +140,11 @@ def test_without_a_rewind_a_new_wandb_run_names_the_old_one(digits_config, monke
     else:
         request.getfixturevalue("agent_run_id")
 
-    with pytest.warns(PlflWarning, match=rf"W&B run {old_id} is not continued: .*\. A new W&B run logs rounds 0-2 "
-                                         rf"from the checkpoint .* resumed_from: \{{run_id: {old_id}, round: 2\}}"):
+    with pytest.warns(
+        PlflWarning,
+        match=rf"W&B run {old_id} is not continued: .*\. A new W&B run logs rounds 0-2 "
+        rf"from the checkpoint .* resumed_from: \{{run_id: {old_id}, round: 2\}}",
+    ):
         run_experiment(resume_config(run_dir, ["federation.rounds=4"]), run_dir)
 
     new_id = (run_dir / "wandb_run_id").read_text().strip()

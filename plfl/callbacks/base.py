@@ -8,7 +8,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from plfl.client import TrainResult
+from plfl.tasks import TrainResult
 
 
 @dataclass
@@ -45,22 +45,25 @@ class RoundResult:
 
 
 class FederationCallback:
-    """Override the hooks you need; each is called by :class:`plfl.federation.FederationLoop`."""
+    """Override the hooks you need; :class:`plfl.federation.FederationLoop` calls each with the run first,
+    in this order: ``on_fit_start``, then per round ``on_round_start``, ``on_client_end`` for every client
+    that trained, ``on_round_end``; at the end ``on_fit_end``, or ``on_fit_error`` when the run fails."""
 
     def on_fit_start(self, run: RunInfo) -> None:
-        pass
+        """Called when the run starts or resumes (``run.history``: the rounds finished before)."""
 
-    def on_round_start(self, round_: int) -> None:
-        pass
+    def on_round_start(self, run: RunInfo, round_: int) -> None:
+        """Called before round ``round_`` trains (round 0: before the first broadcast)."""
 
-    def on_client_end(self, round_: int, client_id: int, result: TrainResult) -> None:
-        pass
+    def on_client_end(self, run: RunInfo, round_: int, client_id: int, result: TrainResult) -> None:
+        """Called after a client's local training and ``post_train`` in ``round_``, before the aggregation."""
 
-    def on_round_end(self, result: RoundResult) -> None:
-        pass
+    def on_round_end(self, run: RunInfo, result: RoundResult) -> None:
+        """Called when a round is finished: aggregated, broadcast and (when due) evaluated."""
 
-    def on_fit_end(self, summary: dict[str, Any]) -> None:
-        """``summary`` is what summary.json holds; ``summary["status"]`` is "completed"."""
+    def on_fit_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
+        """Called after the last round; ``summary`` is what summary.json holds, ``summary["status"]`` is
+        "completed"."""
 
-    def on_fit_error(self, summary: dict[str, Any]) -> None:
-        """The run failed; ``summary`` has ``status: failed`` and ``error``, with results so far."""
+    def on_fit_error(self, run: RunInfo, summary: dict[str, Any]) -> None:
+        """Called when the run fails; ``summary`` has ``status: failed`` and ``error``, with results so far."""

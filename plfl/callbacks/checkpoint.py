@@ -26,6 +26,6 @@ class Checkpoints(FederationCallback):
         self.directory = run.run_dir / "checkpoints"
         self.last_round = run.config.federation.rounds
 
-    def on_round_end(self, result: RoundResult) -> None:
+    def on_round_end(self, run: RunInfo, result: RoundResult) -> None:
         if result.round % self.every == 0 or result.round == self.last_round:
             save_checkpoint(self.directory, result.round, self.state(), self.keep)

@@ -53,7 +53,7 @@ class RunFiles(FederationCallback):
         if run.history and self.metrics:
             self._write(set(self.tables))
 
-    def on_round_end(self, result: RoundResult) -> None:
+    def on_round_end(self, run: RunInfo, result: RoundResult) -> None:
         self._add(result)
         if self.metrics:
             self._write(set(result.tables))
@@ -72,7 +72,7 @@ class RunFiles(FederationCallback):
             (self.run_dir / "tables").mkdir(exist_ok=True)
             write_atomically(self.run_dir / "tables" / f"{name}.csv", csv_text(self.tables[name]))
 
-    def on_fit_end(self, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
         write_atomically(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
     on_fit_error = on_fit_end

@@ -18,14 +18,20 @@ class RoundProgress(FederationCallback):
 
     def on_fit_start(self, run: RunInfo) -> None:
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
         )
         self.progress.start()
-        self.task = self.progress.add_task(f"{run.config.name} rounds", total=run.config.federation.rounds + 1,
-                                           completed=len(run.history))
+        self.task = self.progress.add_task(
+            f"{run.config.name} rounds", total=run.config.federation.rounds + 1, completed=len(run.history)
+        )
 
-    def on_round_end(self, result: RoundResult) -> None:
+    def on_round_end(self, run: RunInfo, result: RoundResult) -> None:
         m = result.metrics
         if "accuracy" in m:
             loss = f"  train loss {m['train_loss']:.4f}" if "train_loss" in m else ""
@@ -35,7 +41,7 @@ class RoundProgress(FederationCallback):
             )
         self.progress.advance(self.task)
 
-    def on_fit_end(self, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
         self.progress.stop()
 
     on_fit_error = on_fit_end

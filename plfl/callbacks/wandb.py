@@ -43,8 +43,13 @@ class WandbRun(FederationCallback):
 
     def on_fit_start(self, run: RunInfo) -> None:
         id_file = run.run_dir / RUN_ID_FILE
-        options = dict(project=self.project, entity=self.entity, name=run.config.name, save_dir=str(run.run_dir),
-                       config=OmegaConf.to_container(run.config, resolve=True))
+        options = dict(
+            project=self.project,
+            entity=self.entity,
+            name=run.config.name,
+            save_dir=str(run.run_dir),
+            config=OmegaConf.to_container(run.config, resolve=True),
+        )
         kept = -1  # the last round that the W&B run already has
         if run.history and id_file.is_file():
             self.experiment, kept = _continue(options, id_file.read_text().strip(), run.history[-1].round)
@@ -55,9 +60,9 @@ class WandbRun(FederationCallback):
         self.experiment.define_metric("*", step_metric="round")
         for result in run.history:
             if result.round > kept:
-                self.on_round_end(result)
+                self.on_round_end(run, result)
 
-    def on_round_end(self, result: RoundResult) -> None:
+    def on_round_end(self, run: RunInfo, result: RoundResult) -> None:
         import wandb
 
         metrics: dict[str, Any] = dict(result.metrics)
@@ -70,11 +75,11 @@ class WandbRun(FederationCallback):
         # W&B would hold the row back until the next step.
         self.experiment.log(metrics, step=result.round, commit=True)
 
-    def on_fit_end(self, summary: dict[str, Any]) -> None:
+    def on_fit_end(self, run: RunInfo, summary: dict[str, Any]) -> None:
         self.experiment.summary.update(summary)
         self.experiment.finish()
 
-    def on_fit_error(self, summary: dict[str, Any]) -> None:
+    def on_fit_error(self, run: RunInfo, summary: dict[str, Any]) -> None:
         self.experiment.summary.update(summary)
         self.experiment.finish(exit_code=1)
 
@@ -98,9 +103,12 @@ def _continue(options: dict[str, Any], run_id: str, round_: int) -> tuple[Any, i
             return _start(options, resume=None, resume_from=f"{run_id}?_step=0"), 0
         except wandb.errors.Error as error:
             reason = f"wandb.init could not rewind it: {error}"
-    warnings.warn(PlflWarning(
-        f"W&B run {run_id} is not continued: {reason}. A new W&B run logs rounds 0-{round_} from the checkpoint "
-        f"and then the new rounds; its config has resumed_from: {{run_id: {run_id}, round: {round_}}}."),
-        stacklevel=2)
+    warnings.warn(
+        PlflWarning(
+            f"W&B run {run_id} is not continued: {reason}. A new W&B run logs rounds 0-{round_} from the checkpoint "
+            f"and then the new rounds; its config has resumed_from: {{run_id: {run_id}, round: {round_}}}."
+        ),
+        stacklevel=2,
+    )
     config = {**options["config"], "resumed_from": {"run_id": run_id, "round": round_}}
     return _start({**options, "config": config}), -1

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from plfl.config import DataConfig
 from plfl.errors import DataError
+
+if TYPE_CHECKING:
+    from plfl.config import DataConfig
 
 NUM_CLASSES = 4
 _LAYOUT = 'rows "class","title","description" without a header, class 1-4'
@@ -34,8 +37,10 @@ def read_agnews(cfg: DataConfig) -> tuple[np.ndarray, torch.Tensor, int]:
             malformed CSV or has other than 3 fields (the line is named); a class is not 1-4.
     """
     if cfg.root is None:
-        raise DataError("data.source=agnews needs data.root: the directory that holds the AG News "
-                        f"{cfg.train_file} and {cfg.test_file}. Set data.root=<dir>.")
+        raise DataError(
+            "data.source=agnews needs data.root: the directory that holds the AG News "
+            f"{cfg.train_file} and {cfg.test_file}. Set data.root=<dir>."
+        )
     texts, labels = [], []
     for name, key in ((cfg.train_file, "train_file"), (cfg.test_file, "test_file")):
         rows = _read_rows(Path(cfg.root) / name, key)
@@ -48,8 +53,10 @@ def _read_rows(path: Path, key: str) -> list[tuple[int, str, str]]:
     """(label 0-3, title, description) of every record of one AG News CSV file."""
     fix = f"Restore the official AG News CSV ({_LAYOUT}) or point data.{key} at it."
     if not path.is_file():
-        raise DataError(f"AG News file {path} does not exist. Place the official {path.name} there, or set "
-                        f"data.root and data.{key} to the file's directory and name.")
+        raise DataError(
+            f"AG News file {path} does not exist. Place the official {path.name} there, or set "
+            f"data.root and data.{key} to the file's directory and name."
+        )
     rows = []
     try:
         with open(path, newline="", encoding="utf-8") as f:
@@ -73,6 +80,7 @@ def _parse(record: list[str], path: Path, line: int, fix: str) -> tuple[int, str
         raise DataError(f"{path}, line {line}: {len(record)} fields, expected 3 (class, title, description). {fix}")
     label, title, description = record
     if label not in ("1", "2", "3", "4"):
-        raise DataError(f"{path}, line {line}: class {label!r} is not one of 1, 2, 3, 4 "
-                        f"(World, Sports, Business, Sci/Tech). {fix}")
+        raise DataError(
+            f"{path}, line {line}: class {label!r} is not one of 1, 2, 3, 4 (World, Sports, Business, Sci/Tech). {fix}"
+        )
     return int(label) - 1, title, description

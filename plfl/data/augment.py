@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 import torch.nn.functional as F
+
+from plfl.data.federated import FederatedData
+from plfl.errors import ConfigError
+
+Transform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+def augmentation(augment: bool, data: FederatedData) -> Optional[Transform]:
+    """The training batch transform ``data.augment`` asks for (None: none).
+
+    Raises:
+        ConfigError: ``augment`` is set for data that are not images (C, H, W).
+    """
+    if not augment:
+        return None
+    if len(data.input_shape) != 3 or data.vocab_size is not None:
+        raise ConfigError(
+            f"data.augment=true crops and flips images (C, H, W), but data.source={data.name} "
+            f"gives inputs of shape {data.input_shape}. Remove data.augment."
+        )
+    return random_crop_flip
 
 
 def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int = 4) -> torch.Tensor:
@@ -27,5 +50,8 @@ def random_crop_flip(x: torch.Tensor, generator: torch.Generator, padding: int =
     cols = offsets[1] + torch.arange(width, device=x.device)
     cols = torch.where(flips, cols.flip(1), cols)  # reading the columns backwards flips the crop
     padded = F.pad(x, (padding,) * 4)
-    index = torch.arange(n, device=x.device)[:, None, None, None], torch.arange(channels, device=x.device)[:, None, None]
+    index = (
+        torch.arange(n, device=x.device)[:, None, None, None],
+        torch.arange(channels, device=x.device)[:, None, None],
+    )
     return padded[index[0], index[1], rows[:, None, :, None], cols[:, None, None, :]]

@@ -54,14 +54,18 @@ def load_image_folder(root: Optional[str], cache_dir: Optional[str] = None) -> t
             ``cache_dir`` lies inside ``root``.
     """
     if root is None:
-        raise DataError("data.source=imagefolder needs data.root: a directory holding train/<class>/* and "
-                        "test/<class>/*. Set data.root=<directory>.")
+        raise DataError(
+            "data.source=imagefolder needs data.root: a directory holding train/<class>/* and "
+            "test/<class>/*. Set data.root=<directory>."
+        )
     root_dir = Path(root)
     classes, files = _list_files(root_dir)
     cache = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
     if cache.resolve().is_relative_to(root_dir.resolve()):
-        raise DataError(f"data.cache_dir={cache} lies inside data.root={root_dir}; the cache must not be "
-                        "written into the data. Set data.cache_dir to a directory outside it, or leave it unset.")
+        raise DataError(
+            f"data.cache_dir={cache} lies inside data.root={root_dir}; the cache must not be "
+            "written into the data. Set data.cache_dir to a directory outside it, or leave it unset."
+        )
     path = cache / f"imagefolder-{_cache_key(root_dir, files)}.pt"
     images, labels = _read_cache(path, classes, len(files))
     if images is None:
@@ -84,27 +88,34 @@ def _list_files(root: Path) -> tuple[list[str], list[tuple[str, int]]]:
     for split in _SPLITS:
         folder = root / split
         if not folder.is_dir():
-            raise DataError(f"{folder} does not exist. An image folder data set holds {layout}: add {split}/ "
-                            "or point data.root at the right directory.")
+            raise DataError(
+                f"{folder} does not exist. An image folder data set holds {layout}: add {split}/ "
+                "or point data.root at the right directory."
+            )
         found[split] = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
     classes = found["train"]
     if not classes:
-        raise DataError(f"{root / 'train'} holds no class folder. Put each class's images in its own folder "
-                        f"under it ({layout}).")
+        raise DataError(
+            f"{root / 'train'} holds no class folder. Put each class's images in its own folder under it ({layout})."
+        )
     if found["test"] != classes:
         only_train = sorted(set(classes) - set(found["test"]))
         only_test = sorted(set(found["test"]) - set(classes))
-        raise DataError(f"{root / 'train'} and {root / 'test'} hold different class folders (only in train: "
-                        f"{only_train or 'none'}; only in test: {only_test or 'none'}). Both splits need the same "
-                        "class folders, since their sorted names give the labels.")
+        raise DataError(
+            f"{root / 'train'} and {root / 'test'} hold different class folders (only in train: "
+            f"{only_train or 'none'}; only in test: {only_test or 'none'}). Both splits need the same "
+            "class folders, since their sorted names give the labels."
+        )
     files = []
     for split in _SPLITS:
         for label, name in enumerate(classes):
             folder = root / split / name
             images = sorted(p.name for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
             if not images:
-                raise DataError(f"Class folder {folder} holds no image. Add its images or remove the class "
-                                "from both train/ and test/.")
+                raise DataError(
+                    f"Class folder {folder} holds no image. Add its images or remove the class "
+                    "from both train/ and test/."
+                )
             files += [(f"{split}/{name}/{image}", label) for image in images]
     return classes, files
 
@@ -128,15 +139,19 @@ def _decode(root: Path, files: list[tuple[str, int]]) -> tuple[torch.Tensor, tor
             with Image.open(path) as image:
                 grey[i] = image.mode in _GREY_MODES
                 pixels = np.asarray(image.convert("L" if grey[i] else "RGB"))
-        except Exception as e:  # PIL raises many types on untrusted files; every one means unreadable
-            raise DataError(f"Image {path} cannot be read ({type(e).__name__}: {e}). Replace or remove the "
-                            "file; every file in a class folder must be an image PIL can open.") from None
+        except Exception as e:  # noqa: BLE001  PIL raises many types on untrusted files; every one means unreadable
+            raise DataError(
+                f"Image {path} cannot be read ({type(e).__name__}: {e}). Replace or remove the "
+                "file; every file in a class folder must be an image PIL can open."
+            ) from None
         if images is None:
             images = np.empty((len(files), *pixels.shape[:2], 3), dtype=np.uint8)
         if pixels.shape[:2] != images.shape[1:3]:
             height, width = images.shape[1:3]
-            raise DataError(f"Image {path} is {pixels.shape[1]}×{pixels.shape[0]} pixels but {first} is "
-                            f"{width}×{height}. All images of a data set must have one size: resize them first.")
+            raise DataError(
+                f"Image {path} is {pixels.shape[1]}×{pixels.shape[0]} pixels but {first} is "
+                f"{width}×{height}. All images of a data set must have one size: resize them first."
+            )
         images[i, ..., : 1 if grey[i] else 3] = pixels.reshape(*pixels.shape[:2], -1)
     assert images is not None  # _list_files returns at least one file per class
     if grey.all():
@@ -153,15 +168,25 @@ def _read_cache(path: Path, classes: list[str], n: int) -> tuple[Optional[torch.
         cached = torch.load(path, weights_only=True)
     except FileNotFoundError:
         return None, None
-    except Exception as e:  # a damaged file is rebuilt, not trusted
-        warnings.warn(f"Image cache {path} cannot be read ({type(e).__name__}); decoding the images again.",
-                      PlflWarning, stacklevel=3)
+    except Exception as e:  # noqa: BLE001  a damaged file is rebuilt, not trusted
+        warnings.warn(
+            f"Image cache {path} cannot be read ({type(e).__name__}); decoding the images again.",
+            PlflWarning,
+            stacklevel=3,
+        )
         return None, None
     if not isinstance(cached, dict):
         return None, None
     images, labels = cached.get("images"), cached.get("labels")
-    valid = (cached.get("classes") == classes and isinstance(images, torch.Tensor) and images.dtype == torch.uint8
-             and images.ndim == 4 and len(images) == n and isinstance(labels, torch.Tensor) and labels.shape == (n,))
+    valid = (
+        cached.get("classes") == classes
+        and isinstance(images, torch.Tensor)
+        and images.dtype == torch.uint8
+        and images.ndim == 4
+        and len(images) == n
+        and isinstance(labels, torch.Tensor)
+        and labels.shape == (n,)
+    )
     return (images, labels) if valid else (None, None)
 
 
@@ -178,8 +203,12 @@ def _write_cache(path: Path, images: torch.Tensor, labels: torch.Tensor, classes
     except (OSError, RuntimeError) as e:  # torch.save reports a failed write as RuntimeError
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
-        warnings.warn(f"Could not write the image cache {path} ({e}); the images will be decoded again next "
-                      "time. Set data.cache_dir to a writable directory.", PlflWarning, stacklevel=3)
+        warnings.warn(
+            f"Could not write the image cache {path} ({e}); the images will be decoded again next "
+            "time. Set data.cache_dir to a writable directory.",
+            PlflWarning,
+            stacklevel=3,
+        )
 
 
 def _normalise(images: torch.Tensor) -> torch.Tensor:

@@ -23,15 +23,17 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
 
-from plfl.config import DataConfig
 from plfl.data.federated import ClientData, FederatedData
 from plfl.data.text import encode, train_tokenizer
 from plfl.errors import DataError
+
+if TYPE_CHECKING:
+    from plfl.config import DataConfig
 
 REGENERATE = "Regenerate the files with LEAF's preprocess.sh or restore the originals."
 
@@ -70,41 +72,53 @@ def load_leaf(cfg: DataConfig) -> FederatedData:
             ``data.num_classes`` disagree with the files.
     """
     if cfg.root is None:
-        raise DataError("data.source=leaf needs data.root: the directory that holds LEAF's train/ and test/ "
-                        "folders (or train.json and test.json). Set data.root=<dir>.")
+        raise DataError(
+            "data.source=leaf needs data.root: the directory that holds LEAF's train/ and test/ "
+            "folders (or train.json and test.json). Set data.root=<dir>."
+        )
     root = Path(cfg.root)
     shape = None if cfg.image_shape is None else tuple(cfg.image_shape)
     splits = {split: _read_split(_split_files(root, split), shape) for split in ("train", "test")}
     train, test = splits["train"], splits["test"]
     if not train:
-        raise DataError(f"The LEAF train files under {root} list no users. Point data.root at a LEAF data directory "
-                        f"with samples. {REGENERATE}")
+        raise DataError(
+            f"The LEAF train files under {root} list no users. Point data.root at a LEAF data directory "
+            f"with samples. {REGENERATE}"
+        )
     for have, other in (("train", "test"), ("test", "train")):
         missing = sorted(splits[have].keys() - splits[other].keys())
         if missing:
             raise DataError(
                 f"User {missing[0]!r} is in {splits[have][missing[0]][2]} but in no {other} file under {root} "
                 f"({len(missing)} such users). Every client needs its own train and test samples: use files from "
-                "one LEAF run with a sample-based split (preprocess.sh -t sample), which puts every user in both.")
+                "one LEAF run with a sample-based split (preprocess.sh -t sample), which puts every user in both."
+            )
     for split, by_user in splits.items():
         empty = next((user for user in sorted(by_user) if len(by_user[user][1]) == 0), None)
         if empty is not None:
-            raise DataError(f"User {empty!r} has no {split} samples in {by_user[empty][2]}. Every client needs at "
-                            f"least one: remove the user from both splits or regenerate the files. {REGENERATE}")
+            raise DataError(
+                f"User {empty!r} has no {split} samples in {by_user[empty][2]}. Every client needs at "
+                f"least one: remove the user from both splits or regenerate the files. {REGENERATE}"
+            )
     if cfg.num_clients is not None and cfg.num_clients != len(train):
-        raise DataError(f"data.num_clients={cfg.num_clients} but the LEAF files under {root} hold {len(train)} "
-                        "users, one client each. Remove data.num_clients or set it to that value.")
+        raise DataError(
+            f"data.num_clients={cfg.num_clients} but the LEAF files under {root} hold {len(train)} "
+            "users, one client each. Remove data.num_clients or set it to that value."
+        )
 
     users = sorted(train)
     top, path, user = max((int(s[u][1].max()), str(s[u][2]), u) for s in (train, test) for u in users)
     num_classes = top + 1 if cfg.num_classes is None else cfg.num_classes
     if top >= num_classes:
-        raise DataError(f"{path}, user {user!r} holds label {top}, but data.num_classes={num_classes} allows "
-                        f"0..{num_classes - 1}. Raise data.num_classes or remove it to count the classes from the "
-                        "labels.")
+        raise DataError(
+            f"{path}, user {user!r} holds label {top}, but data.num_classes={num_classes} allows "
+            f"0..{num_classes - 1}. Raise data.num_classes or remove it to count the classes from the "
+            "labels."
+        )
     x_train, x_test, vocab_size = _inputs(cfg, splits, users)
-    clients = [ClientData(x_train[u], torch.from_numpy(train[u][1]), x_test[u], torch.from_numpy(test[u][1]))
-               for u in users]
+    clients = [
+        ClientData(x_train[u], torch.from_numpy(train[u][1]), x_test[u], torch.from_numpy(test[u][1])) for u in users
+    ]
     return FederatedData(f"leaf:{root.name}", clients, num_classes, tuple(x_train[users[0]].shape[1:]), vocab_size)
 
 
@@ -118,8 +132,7 @@ def _inputs(cfg: DataConfig, splits: dict, users: list[str]) -> tuple[dict, dict
         x_train, x_test = ({user: torch.from_numpy(s[user][0]) for user in users} for s in splits.values())
         return x_train, x_test, None
     tokenizer = train_tokenizer(np.concatenate([splits["train"][user][0] for user in users]), cfg.vocab_size)
-    x_train, x_test = ({user: encode(tokenizer, s[user][0], cfg.max_length) for user in users}
-                       for s in splits.values())
+    x_train, x_test = ({user: encode(tokenizer, s[user][0], cfg.max_length) for user in users} for s in splits.values())
     return x_train, x_test, tokenizer.get_vocab_size()
 
 
@@ -127,18 +140,24 @@ def _split_files(root: Path, split: str) -> list[Path]:
     """The JSON files of one split: every ``*.json`` of ``root/split/``, or ``root/split.json``."""
     folder, file = root / split, root / f"{split}.json"
     if folder.is_dir() and file.is_file():
-        raise DataError(f"{root} holds both {folder}/ and {file}. Keep one layout for the {split} split: "
-                        "LEAF's folder of .json files or a single file.")
+        raise DataError(
+            f"{root} holds both {folder}/ and {file}. Keep one layout for the {split} split: "
+            "LEAF's folder of .json files or a single file."
+        )
     if file.is_file():
         return [file]
     if not folder.is_dir():
-        raise DataError(f"Neither {folder}/ (LEAF's layout: one or more .json files) nor {file} exists. Point "
-                        "data.root at the directory LEAF's preprocess.sh filled (data/<name>/data) or restore the "
-                        "files.")
+        raise DataError(
+            f"Neither {folder}/ (LEAF's layout: one or more .json files) nor {file} exists. Point "
+            "data.root at the directory LEAF's preprocess.sh filled (data/<name>/data) or restore the "
+            "files."
+        )
     files = sorted(folder.glob("*.json"))
     if not files:
-        raise DataError(f"{folder} holds no .json files. LEAF writes the {split} split there as "
-                        f"all_data_*_{split}_*.json: copy them in or point data.root at the right directory.")
+        raise DataError(
+            f"{folder} holds no .json files. LEAF writes the {split} split there as "
+            f"all_data_*_{split}_*.json: copy them in or point data.root at the right directory."
+        )
     return files
 
 
@@ -148,8 +167,10 @@ def _read_split(files: list[Path], shape: Optional[tuple[int, ...]]) -> dict[str
     for path in files:
         for user, x, y in _read_file(path, shape):
             if user in users:
-                raise DataError(f"User {user!r} appears in both {users[user][2]} and {path}. A user's samples of "
-                                f"one split come from one file: remove the duplicate. {REGENERATE}")
+                raise DataError(
+                    f"User {user!r} appears in both {users[user][2]} and {path}. A user's samples of "
+                    f"one split come from one file: remove the duplicate. {REGENERATE}"
+                )
             users[user] = (x, y, path)
     return users
 
@@ -167,15 +188,23 @@ def _read_file(path: Path, shape: Optional[tuple[int, ...]]):
     except (UnicodeDecodeError, OSError) as e:
         raise DataError(f"{path} cannot be read as JSON text ({type(e).__name__}: {e}). {REGENERATE}") from None
     keys = ("users", "num_samples", "user_data")
-    if not (isinstance(data, dict) and isinstance(data.get("users"), list) and isinstance(data.get("num_samples"), list)
-            and isinstance(data.get("user_data"), dict)):
+    if not (
+        isinstance(data, dict)
+        and isinstance(data.get("users"), list)
+        and isinstance(data.get("num_samples"), list)
+        and isinstance(data.get("user_data"), dict)
+    ):
         found = f"keys {sorted(data)}" if isinstance(data, dict) else f"a JSON {type(data).__name__}"
-        raise DataError(f"{path} holds {found}; a LEAF file is an object with the lists 'users' and 'num_samples' "
-                        f"and the object 'user_data' ({', '.join(keys)}). {REGENERATE}")
+        raise DataError(
+            f"{path} holds {found}; a LEAF file is an object with the lists 'users' and 'num_samples' "
+            f"and the object 'user_data' ({', '.join(keys)}). {REGENERATE}"
+        )
     users, counts, user_data = data["users"], data["num_samples"], data["user_data"]
     if len(users) != len(counts):
-        raise DataError(f"{path} lists {len(users)} users but {len(counts)} entries in 'num_samples'; LEAF writes "
-                        f"one count per user. {REGENERATE}")
+        raise DataError(
+            f"{path} lists {len(users)} users but {len(counts)} entries in 'num_samples'; LEAF writes "
+            f"one count per user. {REGENERATE}"
+        )
     unlisted = sorted(map(str, user_data.keys() - set(users)))
     if unlisted:
         raise DataError(f"{path} has user_data for {unlisted[0]!r}, which 'users' does not list. {REGENERATE}")
@@ -183,12 +212,16 @@ def _read_file(path: Path, shape: Optional[tuple[int, ...]]):
         record = user_data.pop(user, None)
         if not (isinstance(record, dict) and isinstance(record.get("x"), list) and isinstance(record.get("y"), list)):
             what = "no entry" if record is None else "an entry without the lists 'x' and 'y'"
-            raise DataError(f"{path} lists user {user!r} in 'users' but has {what} in 'user_data'; LEAF writes "
-                            f"user_data[user] = {{\"x\": [...], \"y\": [...]}}. {REGENERATE}")
+            raise DataError(
+                f"{path} lists user {user!r} in 'users' but has {what} in 'user_data'; LEAF writes "
+                f'user_data[user] = {{"x": [...], "y": [...]}}. {REGENERATE}'
+            )
         where = f"{path}, user {user!r}"
         if not (len(record["x"]) == len(record["y"]) == count):
-            raise DataError(f"{where}: 'num_samples' says {count} samples but 'x' has {len(record['x'])} rows and "
-                            f"'y' {len(record['y'])} labels; all three must agree. {REGENERATE}")
+            raise DataError(
+                f"{where}: 'num_samples' says {count} samples but 'x' has {len(record['x'])} rows and "
+                f"'y' {len(record['y'])} labels; all three must agree. {REGENERATE}"
+            )
         yield user, _inputs_of(record["x"], shape, where), _labels(record["y"], where)
 
 
@@ -204,13 +237,17 @@ def _texts(rows: list, shape: Optional[tuple[int, ...]], where: str) -> np.ndarr
     """The text of each row: the row itself, or the last field of LEAF's Sent140 record
     ``[id, date, query, user, text]``."""
     if shape is not None:
-        raise DataError(f"{where}: 'x' holds text, but data.image_shape={list(shape)} is set, which only image "
-                        "data read. Remove data.image_shape.")
+        raise DataError(
+            f"{where}: 'x' holds text, but data.image_shape={list(shape)} is set, which only image "
+            "data read. Remove data.image_shape."
+        )
     texts = [row[-1] if isinstance(row, list) and row else row for row in rows]
     bad = next((i for i, text in enumerate(texts) if not isinstance(text, str)), None)
     if bad is not None:
-        raise DataError(f"{where}: row {bad} of 'x' is {json.dumps(rows[bad])[:80]}; text rows are strings or "
-                        f"LEAF's Sent140 records [id, date, query, user, text]. {REGENERATE}")
+        raise DataError(
+            f"{where}: row {bad} of 'x' is {json.dumps(rows[bad])[:80]}; text rows are strings or "
+            f"LEAF's Sent140 records [id, date, query, user, text]. {REGENERATE}"
+        )
     return np.array(texts, dtype=object)
 
 
@@ -224,18 +261,24 @@ def _images(rows: list, shape: Optional[tuple[int, ...]], where: str) -> np.ndar
     if bad is not None:
         got = f"{len(rows[bad])} values" if isinstance(rows[bad], list) else f"a {type(rows[bad]).__name__}"
         need = f"data.image_shape={list(shape)} needs {length}" if shape else f"row 0 has {length}"
-        raise DataError(f"{where}: row {bad} of 'x' has {got}, but {need}. Every row is one flattened image: fix "
-                        f"data.image_shape to the rows' image shape or regenerate the files.")
+        raise DataError(
+            f"{where}: row {bad} of 'x' has {got}, but {need}. Every row is one flattened image: fix "
+            f"data.image_shape to the rows' image shape or regenerate the files."
+        )
     try:
         x = np.array(rows)  # float64 for one user at a time; stored as float32 below
     except ValueError:  # lists nested inside the rows
         x = np.array([], dtype=object)
     if x.dtype.kind not in "fiu" or x.ndim != 2:
-        raise DataError(f"{where}: 'x' is not a list of rows of numbers (it reads as a {x.dtype} array of shape "
-                        f"{x.shape}); LEAF's image data hold one flat row of pixel values per sample. {REGENERATE}")
+        raise DataError(
+            f"{where}: 'x' is not a list of rows of numbers (it reads as a {x.dtype} array of shape "
+            f"{x.shape}); LEAF's image data hold one flat row of pixel values per sample. {REGENERATE}"
+        )
     if shape is None:
-        raise DataError(f"data.image_shape is not set, and {where} holds images as rows of {length} values. Set it "
-                        f"to their shape (C, H, W), e.g. data.image_shape=[1,28,28] for FEMNIST's 784.")
+        raise DataError(
+            f"data.image_shape is not set, and {where} holds images as rows of {length} values. Set it "
+            f"to their shape (C, H, W), e.g. data.image_shape=[1,28,28] for FEMNIST's 784."
+        )
     return x.astype(np.float32).reshape(-1, *shape)
 
 
@@ -250,6 +293,8 @@ def _labels(values: list, where: str) -> np.ndarray:
     if y.dtype.kind not in "iu" or y.ndim != 1 or (y < 0).any():
         bad = next((v for v in values if type(v) is not int or not 0 <= v < 2**63), None)
         shakespeare = " (characters, as in LEAF's Shakespeare: use data.source=shakespeare on the play text)"
-        raise DataError(f"{where}: 'y' holds {json.dumps(bad)}; LEAF's labels are integer class indices >= 0 "
-                        f"(FEMNIST: 0-61, Sent140: 0-1){shakespeare if isinstance(bad, str) else ''}. {REGENERATE}")
+        raise DataError(
+            f"{where}: 'y' holds {json.dumps(bad)}; LEAF's labels are integer class indices >= 0 "
+            f"(FEMNIST: 0-61, Sent140: 0-1){shakespeare if isinstance(bad, str) else ''}. {REGENERATE}"
+        )
     return y.astype(np.int64)

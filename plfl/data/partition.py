@@ -9,7 +9,6 @@ from __future__ import annotations
 from fractions import Fraction
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from plfl.errors import DataError
 
@@ -251,7 +250,11 @@ def _draw_classes(k: int, num_clients: int, per_client: int, key: str, rng: np.r
 
 
 def _take_quotas(
-    labels: np.ndarray, classes: np.ndarray, held: np.ndarray, quota_held: int, quota_other: int,
+    labels: np.ndarray,
+    classes: np.ndarray,
+    held: np.ndarray,
+    quota_held: int,
+    quota_other: int,
     rng: np.random.Generator,
 ) -> list[np.ndarray]:
     """Deal each class's shuffled samples out: ``quota_held`` to every client marked in ``held``, ``quota_other``
@@ -311,6 +314,8 @@ def split_train_test(
             f"A client has {n} sample(s); it needs at least 2 to hold out a test sample. "
             "Lower data.num_clients (or, for the Dirichlet partition, raise data.min_samples)."
         )
+    from sklearn.model_selection import train_test_split  # scikit-learn's import is slow: only when splitting
+
     n_test = min(max(int(np.ceil(test_fraction * n)), 1), n - 1)
     y = labels[indices]
     counts = np.unique(y, return_counts=True)[1]

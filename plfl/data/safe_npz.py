@@ -85,7 +85,7 @@ def load_npz_dict(path: str | Path) -> dict[str, np.ndarray]:
         raise
     # Anything else while parsing an untrusted file (bad zip, bad CRC, truncated
     # stream, malformed pickle or header) means the file is corrupt.
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  see above: every failure means a corrupt file
         raise DataError(
             f"{path} is corrupt or truncated and cannot be read ({type(e).__name__}: {e}). {regenerate}"
         ) from None

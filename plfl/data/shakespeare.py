@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from plfl.config import DataConfig
 from plfl.data.federated import ClientData, FederatedData
 from plfl.errors import DataError
+
+if TYPE_CHECKING:
+    from plfl.config import DataConfig
 
 ALL_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 SEQ_LEN = 80  # LEAF's window length
@@ -70,8 +73,13 @@ def load_shakespeare(cfg: DataConfig) -> FederatedData:
             f"No role in {path} has data.min_chars={cfg.min_chars} characters; the longest, {longest!r}, has "
             f"{chars[longest]}. Lower data.min_chars (at least 400) or use a longer text."
         )
-    return FederatedData(f"shakespeare:{path.name}", clients,
-                         num_classes=len(ALL_LETTERS), input_shape=(SEQ_LEN,), vocab_size=len(ALL_LETTERS))
+    return FederatedData(
+        f"shakespeare:{path.name}",
+        clients,
+        num_classes=len(ALL_LETTERS),
+        input_shape=(SEQ_LEN,),
+        vocab_size=len(ALL_LETTERS),
+    )
 
 
 def _text_path(root: str | None) -> Path:
@@ -97,8 +105,10 @@ def _roles(path: Path) -> dict[str, list[str]]:
     if not text.strip():
         raise DataError(f"{path} is empty. Point data.root at a play text whose speeches are headed by {heading}.")
     if not any(line.rstrip().endswith(":") for line in lines):
-        raise DataError(f"{path} has no speaker headings. data.source=shakespeare needs a play text whose speeches "
-                        f"are headed by {heading}, as in tiny Shakespeare.")
+        raise DataError(
+            f"{path} has no speaker headings. data.source=shakespeare needs a play text whose speeches "
+            f"are headed by {heading}, as in tiny Shakespeare."
+        )
     roles: dict[str, list[str]] = {}
     speaker = None  # None: the next non-blank line must be a heading
     for number, line in enumerate(lines, 1):
@@ -110,9 +120,11 @@ def _roles(path: Path) -> dict[str, list[str]]:
             speaker = " ".join(line.rstrip()[:-1].split())
             roles.setdefault(speaker, [])
         else:
-            raise DataError(f"{path}, line {number}: {line[:60]!r} opens a speech without a speaker heading. Each "
-                            f"speech must start with {heading}: add the heading or join the line to the speech "
-                            "above it.")
+            raise DataError(
+                f"{path}, line {number}: {line[:60]!r} opens a speech without a speaker heading. Each "
+                f"speech must start with {heading}: add the heading or join the line to the speech "
+                "above it."
+            )
     return roles
 
 

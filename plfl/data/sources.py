@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 import torch
 
-from plfl.config import DEFAULT_NUM_CLIENTS, DataConfig
+from plfl.data.agnews import read_agnews
+from plfl.data.federated import ClientData, FederatedData
+from plfl.data.imagefolder import load_image_folder
+from plfl.data.leaf import load_leaf
 from plfl.data.partition import (
     classes_partition,
     dirichlet_partition,
@@ -25,14 +28,13 @@ from plfl.data.partition import (
     pathological_partition,
     split_train_test,
 )
-from plfl.data.agnews import read_agnews
-from plfl.data.federated import ClientData, FederatedData
-from plfl.data.imagefolder import load_image_folder
-from plfl.data.leaf import load_leaf
 from plfl.data.safe_npz import load_npz_dict
 from plfl.data.shakespeare import load_shakespeare
 from plfl.data.text import encode, train_tokenizer
 from plfl.errors import DataError
+
+if TYPE_CHECKING:
+    from plfl.config import DataConfig
 
 SIZES_KEY = "Size of samples for labels in clients"
 
@@ -70,7 +72,7 @@ def load_federated_data(cfg: DataConfig, seed: int) -> FederatedData:
         name, (x, y, num_classes) = cfg.source, POOLED_READERS[cfg.source](cfg)
 
     labels = y.numpy()
-    num_clients = DEFAULT_NUM_CLIENTS if cfg.num_clients is None else cfg.num_clients
+    num_clients = cfg.clients
     rng = np.random.default_rng(seed)
     parts = _partition(cfg, labels, num_clients, rng)
 
@@ -127,7 +129,10 @@ def _load_digits(cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor, int]:
 _TORCHVISION = {
     "mnist": ("MNIST", 10, "MNIST/raw", "the four unzipped MNIST files (train-images-idx3-ubyte, ...)"),
     "fashionmnist": (
-        "FashionMNIST", 10, "FashionMNIST/raw", "the four unzipped Fashion-MNIST files (train-images-idx3-ubyte, ...)"
+        "FashionMNIST",
+        10,
+        "FashionMNIST/raw",
+        "the four unzipped Fashion-MNIST files (train-images-idx3-ubyte, ...)",
     ),
     "cifar10": ("CIFAR10", 10, "cifar-10-batches-py", "the contents of cifar-10-python.tar.gz"),
     "cifar100": ("CIFAR100", 100, "cifar-100-python", "the contents of cifar-100-python.tar.gz"),
@@ -316,12 +321,13 @@ def _check_label_counts(client: int, expected: list, labels: np.ndarray, num_cla
         )
 
 
-
-# Readers by ``data.source`` (the names ``plfl.config.DATA_SOURCES`` accepts). A pooled reader returns
+# Readers by ``data.source`` (:data:`SOURCES`, the names the config accepts). A pooled reader returns
 # (x, y, number of classes) for the partitioner; a client-split reader returns the clients as its files
 # define them. Each takes the DataConfig and raises DataError naming the file and the fix.
 POOLED_READERS: dict[str, Callable[[DataConfig], tuple[Any, torch.Tensor, int]]] = {
-    "digits": _load_digits, **{source: _load_torchvision for source in _TORCHVISION}, "agnews": read_agnews,
+    "digits": _load_digits,
+    **{source: _load_torchvision for source in _TORCHVISION},
+    "agnews": read_agnews,
     "imagefolder": lambda cfg: load_image_folder(cfg.root, cfg.cache_dir),
 }
 # Pooled sources whose raw samples (texts) become tensors only after the split, by an encoder fitted on the
@@ -334,3 +340,4 @@ CLIENT_SPLIT_READERS: dict[str, Callable[[DataConfig], FederatedData]] = {
     "shakespeare": load_shakespeare,
     "leaf": load_leaf,
 }
+SOURCES = (*POOLED_READERS, *CLIENT_SPLIT_READERS)  # every data.source name

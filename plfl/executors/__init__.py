@@ -1,41 +1,64 @@
-"""Executors: where and how the clients' local training and evaluation run (``federation.executor``)."""
+"""Executors: where and how the clients' work runs (``federation.executor``).
+
+Every executor runs the three kinds of task of :mod:`plfl.tasks` (local training, a method's own steps,
+evaluation) with the same results for the same seeds: ``sequential`` one client after another, ``vectorized``
+a round's clients stacked on one device, ``ray`` on a pool of Ray actors.
+"""
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from plfl.client import LocalTrainer
-from plfl.config import FederationConfig, RayConfig
+import torch
+from torch import nn
+
 from plfl.data import FederatedData
 from plfl.errors import ConfigError
 from plfl.executors.base import Executor, drive, resolved
 from plfl.executors.sequential import SequentialExecutor
-from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, Trains, TrainTask
 from plfl.executors.vectorized import VectorizedExecutor
 
-__all__ = ["ClientFailure", "EvalTask", "Executor", "LocalAggregationTask", "SequentialExecutor", "TrainTask", "Trains",
-           "VectorizedExecutor", "build_executor", "drive", "resolved"]
+if TYPE_CHECKING:
+    from plfl.config import ExperimentConfig
+
+__all__ = ["Executor", "SequentialExecutor", "VectorizedExecutor", "build_executor", "drive", "resolved"]
 
 
-def build_executor(federation: FederationConfig, data: FederatedData, trainer: LocalTrainer, accelerator: str,
-                   precision: str, ray: RayConfig = RayConfig()) -> Executor:
-    """The executor ``federation.executor`` names, over ``data``; the vectorized one on the device of
-    ``trainer.accelerator``, the Ray one with the ``ray`` options (connected and its actors started).
+def build_executor(config: ExperimentConfig, data: FederatedData, architecture: nn.Module) -> Executor:
+    """The executor ``federation.executor`` names, for clients of ``architecture`` over ``data``, with the run
+    ``config``'s options: the vectorized one on the device of ``trainer.accelerator``, the Ray one with the
+    ``ray.*`` options (connected and its actors started).
 
     Raises:
-        ConfigError: a vectorized executor on an accelerator other than cpu, gpu, cuda, mps or auto; for the
-            Ray executor, see :class:`~plfl.executors.ray_actors.RayExecutor`.
+        ConfigError: a vectorized executor on an accelerator other than cpu, gpu, cuda, mps or auto;
+            ``data.augment`` for data that are not images; for the Ray executor, see
+            :class:`~plfl.executors.ray_actors.RayExecutor`.
     """
-    if federation.executor == "sequential":
-        return SequentialExecutor(data, trainer)
-    if federation.executor == "ray":
+    name, accelerator = config.federation.executor, config.trainer.accelerator
+    if name == "ray":
         from plfl.executors.ray_actors import RayExecutor  # Ray is optional: imported only when asked for
 
-        return RayExecutor(data, trainer, accelerator, precision, ray)
-    devices = {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda", "mps": "mps",
-               "auto": "cuda" if torch.cuda.is_available() else "cpu"}
+        return RayExecutor(config, data, architecture)
+    if name == "sequential":
+        return SequentialExecutor.of(config, data, architecture)
+    devices = {
+        "cpu": "cpu",
+        "gpu": "cuda",
+        "cuda": "cuda",
+        "mps": "mps",
+        "auto": "cuda" if torch.cuda.is_available() else "cpu",
+    }
     if accelerator not in devices:
-        raise ConfigError(f"federation.executor=vectorized runs on trainer.accelerator cpu, gpu, cuda, mps or auto, "
-                          f"not {accelerator}. Set federation.executor=sequential.")
-    return VectorizedExecutor(data, trainer, torch.device(devices[accelerator]), federation.cohort_size, precision,
-                              federation.cuda_graphs)
+        raise ConfigError(
+            f"federation.executor=vectorized runs on trainer.accelerator cpu, gpu, cuda, mps or auto, "
+            f"not {accelerator}. Set federation.executor=sequential."
+        )
+    return VectorizedExecutor(
+        data,
+        architecture,
+        config.federation,
+        torch.device(devices[accelerator]),
+        config.trainer.precision,
+        config.data.augment,
+        SequentialExecutor.of(config, data, architecture),
+    )

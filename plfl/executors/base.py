@@ -1,25 +1,30 @@
-"""The executor interface, and the driver that runs the methods' training hooks through an executor.
+"""The executor interface, and the driver that runs the methods' hooks through an executor.
 
-A method hook that trains is a generator function: ``result = yield
-self.train_task(...)`` hands a :class:`~plfl.executors.tasks.TrainTask` to the
-loop and receives its :class:`~plfl.client.TrainResult` (a
-:class:`~plfl.executors.tasks.LocalAggregationTask`, ALA's weight learning,
-receives an :class:`~plfl.methods.ala.ALAOutcome`); the hook's return value is
-its result. :func:`drive` advances every client's hook of a phase together, so
-that one executor call receives all clients' tasks of a step (the vectorized
-executor runs them at once). Executors only train, aggregate locally and
-evaluate: they never touch the method, the client-state store or the
-callbacks.
+A method hook that needs client work is a generator function: ``result = yield task`` hands a
+:mod:`plfl.tasks` task to the loop and receives its result (``results = yield [task, ...]``: a list
+of tasks, their results in order); the hook's return value is its result. :func:`drive` advances
+every client's hook of a phase together, so that one executor call receives all clients' tasks of a
+kind (the vectorized executor runs them at once). Executors only run tasks: they never touch the
+method, the client-state store or the callbacks.
 """
 
 from __future__ import annotations
 
-from typing import Generator, Optional, Protocol, TypeVar
+from typing import Any, Callable, Generator, Optional, Protocol, TypeVar
 
-from plfl.client import EvalResult, TrainResult
 from plfl.errors import PlflError
-from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, Trains, TrainTask, raised
-from plfl.methods.ala import ALAOutcome
+from plfl.tasks import (
+    ClientFailure,
+    EvalResult,
+    EvalTask,
+    StepResult,
+    StepTask,
+    Task,
+    TrainResult,
+    Trains,
+    TrainTask,
+    raised,
+)
 
 T = TypeVar("T")
 
@@ -31,7 +36,7 @@ class Executor(Protocol):
         """One outcome per task, in order: a failure for a task that raised (a ``PlflError`` propagates:
         bad input fails every client alike) or whose trained parameters hold NaN or Inf."""
 
-    def aggregate_locally(self, tasks: list[LocalAggregationTask]) -> list[ALAOutcome | ClientFailure]:
+    def step(self, tasks: list[StepTask]) -> list[StepResult | ClientFailure]:
         """One outcome per task, in order, failures as in :meth:`train`."""
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
@@ -43,29 +48,31 @@ class Executor(Protocol):
 
 
 def resolved(value: Trains[T] | T) -> Trains[T]:
-    """A hook's return value as a generator: a training hook's own, or one that returns a plain hook's value."""
+    """A hook's return value as a generator: a working hook's own, or one that returns a plain hook's value."""
     if isinstance(value, Generator):
         return (yield from value)
     return value
 
 
+def runners(executor: Executor) -> dict[type, Callable[[list], list]]:
+    """The executor's call for each kind of task."""
+    return {TrainTask: executor.train, StepTask: executor.step, EvalTask: executor.evaluate}
+
+
 def drive(hooks: list[Trains[T]], executor: Executor) -> list[T | ClientFailure]:
     """Run the clients' hooks in lock-step and return each one's value, in order.
 
-    Each step gathers the task every unfinished hook waits on, runs them with
-    one ``executor.train`` call (and one ``executor.aggregate_locally`` call for
-    the ALA tasks) and sends each hook its result. A hook whose
-    task failed is closed and gets that failure; one that raises gets
-    :func:`~plfl.executors.tasks.raised` of the error.
+    Each round of requests gathers the tasks every unfinished hook waits on and runs those of a kind with one
+    executor call, then sends each hook its result (or list of results). A hook one of whose tasks failed is
+    closed and gets that failure; one that raises gets :func:`~plfl.tasks.raised` of the error.
 
     Raises:
         PlflError: raised by a hook or the executor (bad input or options).
     """
     outcomes: list[Optional[T | ClientFailure]] = [None] * len(hooks)
-    waiting: dict[int, TrainTask | LocalAggregationTask] = {}
-    runs = ((TrainTask, executor.train), (LocalAggregationTask, executor.aggregate_locally))
+    waiting: dict[int, Task | list[Task]] = {}
 
-    def advance(i: int, result: Optional[TrainResult]) -> None:
+    def advance(i: int, result: Any) -> None:
         try:
             waiting[i] = hooks[i].send(result)
         except StopIteration as stop:
@@ -78,13 +85,25 @@ def drive(hooks: list[Trains[T]], executor: Executor) -> list[T | ClientFailure]
     for i in range(len(hooks)):
         advance(i, None)
     while waiting:
-        for kind, run in runs:
-            indices = [i for i, task in waiting.items() if isinstance(task, kind)]
-            results = run([waiting.pop(i) for i in indices]) if indices else []
-            for i, result in zip(indices, results, strict=True):
-                if isinstance(result, ClientFailure):
-                    hooks[i].close()
-                    outcomes[i] = result
-                else:
-                    advance(i, result)
+        requests = dict(waiting)
+        waiting.clear()
+        items = [(i, k, task) for i, request in requests.items() for k, task in enumerate(_as_list(request))]
+        results: dict[tuple[int, int], Any] = {}
+        for kind, run in runners(executor).items():
+            of_kind = [(i, k, task) for i, k, task in items if isinstance(task, kind)]
+            if of_kind:
+                for (i, k, _), result in zip(of_kind, run([task for *_, task in of_kind]), strict=True):
+                    results[i, k] = result
+        for i, request in requests.items():
+            ordered = [results[i, k] for k in range(len(_as_list(request)))]
+            failure = next((r for r in ordered if isinstance(r, ClientFailure)), None)
+            if failure is not None:
+                hooks[i].close()
+                outcomes[i] = failure
+            else:
+                advance(i, ordered if isinstance(request, list) else ordered[0])
     return outcomes
+
+
+def _as_list(request: Task | list[Task]) -> list[Task]:
+    return request if isinstance(request, list) else [request]

@@ -15,17 +15,29 @@ from typing import Iterator, Optional
 
 import torch
 from torch import nn
+from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 from torchvision.models.resnet import BasicBlock, ResNet
 
-from plfl.client import epoch_order
 from plfl.models import BodyHeadModel
 from plfl.state import Params
 
-
 # Layers that vmap runs exactly (BatchNorm through MaskedBatchNorm), torchvision's ResNet-18 included.
-SUPPORTED = (BodyHeadModel, nn.Sequential, nn.Linear, nn.Conv2d, nn.ReLU, nn.MaxPool2d, nn.Flatten, nn.Identity,
-             nn.BatchNorm1d, nn.BatchNorm2d, nn.AdaptiveAvgPool2d, ResNet, BasicBlock)
+SUPPORTED = (
+    BodyHeadModel,
+    nn.Sequential,
+    nn.Linear,
+    nn.Conv2d,
+    nn.ReLU,
+    nn.MaxPool2d,
+    nn.Flatten,
+    nn.Identity,
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.AdaptiveAvgPool2d,
+    ResNet,
+    BasicBlock,
+)
 
 
 def unsupported(model: nn.Module, precision: str) -> Optional[str]:
@@ -71,8 +83,11 @@ class MaskedBatchNorm(nn.Module):
                 tracked = self.num_batches_tracked + 1
                 rate = 1.0 / tracked if self.momentum is None else self.momentum
                 unbiased = var.detach() * count / (count - 1)
-                self.update = (self.running_mean * (1 - rate) + mean.detach() * rate,
-                               self.running_var * (1 - rate) + unbiased * rate, tracked)
+                self.update = (
+                    self.running_mean * (1 - rate) + mean.detach() * rate,
+                    self.running_var * (1 - rate) + unbiased * rate,
+                    tracked,
+                )
         else:
             mean, var = self.running_mean, self.running_var
         y = (x - mean.view(shape)) / torch.sqrt(var.view(shape) + self.eps)
@@ -93,6 +108,30 @@ def masked_batch_norms(model: nn.Module) -> list[tuple[str, MaskedBatchNorm]]:
     return [(name, m) for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)]
 
 
+class MaskedNetwork:
+    """``model`` (the architecture, its BatchNorm layers :class:`MaskedBatchNorm`; its own tensors are never used)
+    on ``device`` as a :class:`~plfl.tasks.Network` that ``vmap`` can run: batch statistics count the real
+    samples only, and the running statistics come back as new tensors."""
+
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.model, self.device = model, device
+        self.norms = masked_batch_norms(model)
+        self.parts = {}  # module name → (submodule, its masked BatchNorm layers, its buffer names)
+
+    def __call__(
+        self, state: Params, x: torch.Tensor, mask: Optional[torch.Tensor] = None, module: str = ""
+    ) -> tuple[torch.Tensor, Params]:
+        if module not in self.parts:
+            net = self.model.get_submodule(module)
+            self.parts[module] = net, masked_batch_norms(net), [name for name, _ in net.named_buffers()]
+        net, norms, buffers = self.parts[module]
+        prefix = f"{module}." if module else ""
+        tensors = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
+        with masked(norms, mask) as statistics:
+            out = functional_call(net, tensors, (x,), strict=True)
+        return out, {prefix + name: statistics.get(name, tensors[name]) for name in buffers}
+
+
 @contextmanager
 def masked(norms: list[tuple[str, MaskedBatchNorm]], mask: torch.Tensor) -> Iterator[dict[str, torch.Tensor]]:
     """Within the block, the layers ``norms`` (:func:`masked_batch_norms`) count the samples of the (W,) 0/1
@@ -111,34 +150,6 @@ def masked(norms: list[tuple[str, MaskedBatchNorm]], mask: torch.Tensor) -> Iter
             norm.mask = norm.update = None
 
 
-def shuffled_rows(n: int, batch_size: int, seed: int, epochs: Optional[int] = None,
-                  steps: Optional[int] = None, size: Optional[int] = None) -> torch.Tensor:
-    """(S, batch_size) int64: the mini-batches of ``LocalTrainer.train`` on n samples with ``seed``, in order.
-
-    Each local epoch visits the first ``size`` (default n; LocalTrainer's BatchNorm rule may drop one, see
-    :meth:`plfl.client.LocalTrainer.epoch_size`) of :func:`plfl.client.epoch_order` in batches, its last
-    one short (padded with -1); ``steps`` counts batches across epochs, as Lightning's ``max_steps`` does.
-    """
-    size = n if size is None else size
-    if size == 0:
-        return torch.empty(0, batch_size, dtype=torch.long)
-    pad = (-size) % batch_size
-
-    def epoch(k: int) -> torch.Tensor:
-        order = epoch_order(n, seed, k)[:size]
-        return torch.cat([order, order.new_full((pad,), -1)]).view(-1, batch_size)
-
-    if epochs is not None:
-        return torch.cat([epoch(k) for k in range(epochs)])
-    per_epoch = (size + pad) // batch_size
-    return torch.cat([epoch(k) for k in range(-(-steps // per_epoch))])[:steps]
-
-
-def ordered_rows(n: int, width: int) -> torch.Tensor:
-    """(⌈n / width⌉, width) int64: 0..n-1 in order, the last row padded with -1 (evaluation)."""
-    return torch.cat([torch.arange(n), torch.full(((-n) % width,), -1)]).view(-1, width)
-
-
 @dataclass
 class Split:
     """Every client's samples of one split, concatenated on one device: client i holds rows
@@ -153,8 +164,9 @@ class Split:
     def of(cls, parts: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> Split:
         sizes = [len(y) for _, y in parts]
         offsets = torch.tensor([0, *sizes]).cumsum(0)[:-1].tolist()
-        return cls(torch.cat([x for x, _ in parts]).to(device), torch.cat([y for _, y in parts]).to(device),
-                   offsets, sizes)
+        return cls(
+            torch.cat([x for x, _ in parts]).to(device), torch.cat([y for _, y in parts]).to(device), offsets, sizes
+        )
 
     def schedule(self, offsets: list[int], rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """For a cohort whose member c reads the rows from ``offsets[c]`` on, with ``rows[c]`` (S_c, W) in
@@ -184,8 +196,7 @@ class CohortState:
     predictions (evaluation); :meth:`batch`: the current step's samples.
     """
 
-    def __init__(self, template: Params, parameters: list[str], capacity: int, device: torch.device,
-                 momentum: bool):
+    def __init__(self, template: Params, parameters: list[str], capacity: int, device: torch.device, momentum: bool):
         self.capacity, self.parameters, self.device = capacity, parameters, device
         self.state = zero_rows(template, capacity, device)
         self.velocity = {k: torch.zeros_like(self.state[k]) for k in parameters} if momentum else {}
@@ -206,8 +217,10 @@ class CohortState:
         """The current step's (capacity, width) sample indices (int64) and real-sample mask (float32): one pair
         per batch width, so that training and evaluation batches each keep theirs."""
         if width not in self.batches:
-            self.batches[width] = (torch.zeros(self.capacity, width, dtype=torch.long, device=self.device),
-                                   torch.zeros(self.capacity, width, device=self.device))
+            self.batches[width] = (
+                torch.zeros(self.capacity, width, dtype=torch.long, device=self.device),
+                torch.zeros(self.capacity, width, device=self.device),
+            )
         return self.batches[width]
 
     def mutated(self, k: int) -> list[torch.Tensor]:

@@ -1,39 +1,40 @@
 """The Ray executor (``federation.executor=ray``): a round's client tasks spread over a pool of Ray actors.
 
-Each actor is a :class:`ClientWorker`: one :class:`~plfl.client.LocalTrainer` (one ClientModule on one
-reused Lightning Trainer) and a :class:`~plfl.executors.sequential.SequentialExecutor` over the run's data,
-which the driver puts into Ray's object store once per run. Per call the driver sends each task (client id,
-parameters, seed, options) to the next idle actor and returns the results in task order, whatever order the
-actors finish in, so the server aggregates exactly as with ``sequential``. Method hooks, server state, the
-client-state store and the callbacks stay in the driver. An actor that dies during a task is replaced and
-the task runs once more on the fresh actor; a second death makes it a failed client.
+Each actor is a :class:`ClientWorker`: a :class:`~plfl.executors.sequential.SequentialExecutor` (one
+ClientModule on one reused Lightning Trainer) over the run's data, which the driver puts into Ray's object
+store once per run. Per call the driver sends each task (client id, parameters, seed, options; a step task's
+``shared`` tensors once per call, not per task) to the next idle actor and returns the results in task order,
+whatever order the actors finish in, so the server aggregates exactly as with ``sequential``. Method hooks,
+server state, the client-state store and the callbacks stay in the driver. An actor that dies during a task is
+replaced and the task runs once more on the fresh actor; a second death makes it a failed client.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+from torch import nn
 
-from plfl.client import ClientModule, EvalResult, LocalTrainer, TrainResult, build_trainer
 from plfl.cluster import connect, import_ray
-from plfl.config import RayConfig
 from plfl.data import FederatedData
 from plfl.errors import ConfigError, FederationError, PlflError
 from plfl.executors.sequential import SequentialExecutor
-from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask
-from plfl.methods.ala import ALAOutcome
+from plfl.state import Params
+from plfl.tasks import ClientFailure, EvalResult, EvalTask, StepResult, StepTask, TrainResult, TrainTask
+
+if TYPE_CHECKING:
+    from plfl.config import ExperimentConfig
 
 
 class ClientWorker:
-    """The body of one Ray actor: runs single tasks on its own LocalTrainer (on one device) over ``data``."""
+    """The body of one Ray actor: runs single tasks on its own sequential executor (on one device) over ``data``."""
 
-    def __init__(self, data: FederatedData, module: ClientModule, batch_size: int, accelerator: str, precision: str,
-                 num_threads: int):
+    def __init__(self, config: ExperimentConfig, data: FederatedData, architecture: nn.Module, num_threads: int):
         torch.set_num_threads(num_threads)
-        trainer = LocalTrainer(module, build_trainer(accelerator, 1, precision), batch_size)
-        self.executor = SequentialExecutor(data, trainer)
+        self.executor = SequentialExecutor.of(config, data, architecture, devices=1)
 
     def ready(self) -> bool:
         """True once the actor is built: the driver waits on it so that start-up errors come before training."""
@@ -42,8 +43,8 @@ class ClientWorker:
     def train(self, task: TrainTask) -> TrainResult | ClientFailure:
         return self.executor.train([task])[0]
 
-    def aggregate_locally(self, task: LocalAggregationTask) -> ALAOutcome | ClientFailure:
-        return self.executor.aggregate_locally([task])[0]
+    def step(self, task: StepTask, shared: Params) -> StepResult | ClientFailure:
+        return self.executor.step([dataclasses.replace(task, shared=shared)])[0]
 
     def evaluate(self, task: EvalTask) -> EvalResult:
         return self.executor.evaluate([task])[0]
@@ -61,26 +62,32 @@ class RayExecutor:
 
     worker = ClientWorker  # the actors' class
 
-    def __init__(self, data: FederatedData, trainer: LocalTrainer, accelerator: str, precision: str,
-                 options: RayConfig):
+    def __init__(self, config: ExperimentConfig, data: FederatedData, architecture: nn.Module):
         self.ray = import_ray("federation.executor=ray")
-        self.options = options
+        self.options = options = config.ray
         self.actors: list[Any] = []
         self.started = connect(self.ray, options.address, options.num_actors * options.num_cpus_per_actor)
         try:
             self._check_resources()
-            self.actor_class = self.ray.remote(self.worker).options(num_cpus=options.num_cpus_per_actor,
-                                                                    num_gpus=options.num_gpus_per_actor)
-            # Data and module go into the object store once; every actor, replacements too, reads them from there.
-            self.args = (self.ray.put(data), self.ray.put(trainer.module), trainer.batch_size, accelerator, precision,
-                         max(1, int(options.num_cpus_per_actor)))
+            self.actor_class = self.ray.remote(self.worker).options(
+                num_cpus=options.num_cpus_per_actor, num_gpus=options.num_gpus_per_actor
+            )
+            # Data and model go into the object store once; every actor, replacements too, reads them from there.
+            self.args = (
+                config,
+                self.ray.put(data),
+                self.ray.put(architecture),
+                max(1, int(options.num_cpus_per_actor)),
+            )
             self.actors = [self.actor_class.remote(*self.args) for _ in range(options.num_actors)]
             self.ray.get([actor.ready.remote() for actor in self.actors])
         except self.ray.exceptions.RayActorError as error:
             self.close()
-            raise PlflError(f"The Ray actors of federation.executor=ray could not start: {_first_line(error)}. "
-                            "Every node of the cluster needs plfl and its dependencies installed (the versions "
-                            "here).") from None
+            raise PlflError(
+                f"The Ray actors of federation.executor=ray could not start: {_first_line(error)}. "
+                "Every node of the cluster needs plfl and its dependencies installed (the versions "
+                "here)."
+            ) from None
         except BaseException:
             self.close()
             raise
@@ -88,14 +95,19 @@ class RayExecutor:
     def train(self, tasks: list[TrainTask]) -> list[TrainResult | ClientFailure]:
         return self._run("train", tasks, lambda task, reason: ClientFailure(reason))
 
-    def aggregate_locally(self, tasks: list[LocalAggregationTask]) -> list[ALAOutcome | ClientFailure]:
-        return self._run("aggregate_locally", tasks, lambda task, reason: ClientFailure(reason))
+    def step(self, tasks: list[StepTask]) -> list[StepResult | ClientFailure]:
+        """Each task's ``shared`` tensors go into the object store once per distinct dict."""
+        refs = {id(t.shared): self.ray.put(t.shared) for t in tasks}
+        calls = [(dataclasses.replace(t, shared={}), refs[id(t.shared)]) for t in tasks]
+        return self._run("step", calls, lambda call, reason: ClientFailure(reason))
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         def fail(task: EvalTask, reason: str) -> EvalResult:
             client = "the global model" if task.client_id is None else f"client {task.client_id}"
-            raise FederationError(f"The evaluation of {client} failed: {reason}. Continue with plfl fit "
-                                  "--resume RUN_DIR once the cluster is healthy.")
+            raise FederationError(
+                f"The evaluation of {client} failed: {reason}. Continue with plfl fit "
+                "--resume RUN_DIR once the cluster is healthy."
+            )
 
         return self._run("evaluate", tasks, fail)
 
@@ -110,8 +122,8 @@ class RayExecutor:
         self.actors = []
 
     def _run(self, method: str, tasks: list, fail: Callable[[Any, str], Any]) -> list:
-        """Each task on the next idle actor; results in task order. A task whose actor dies is retried once on
-        a fresh actor, then gets ``fail(task, reason)``."""
+        """Each task (or tuple of arguments) on the next idle actor; results in task order. A task whose actor
+        dies is retried once on a fresh actor, then gets ``fail(task, reason)``."""
         results: list[Any] = [None] * len(tasks)
         queue, idle = deque(range(len(tasks))), deque(range(len(self.actors)))
         running: dict[Any, tuple[int, int]] = {}  # ObjectRef → (actor slot, task index)
@@ -119,7 +131,8 @@ class RayExecutor:
         while queue or running:
             while queue and idle:
                 slot, i = idle.popleft(), queue.popleft()
-                running[getattr(self.actors[slot], method).remote(tasks[i])] = (slot, i)
+                args = tasks[i] if isinstance(tasks[i], tuple) else (tasks[i],)
+                running[getattr(self.actors[slot], method).remote(*args)] = (slot, i)
             (ref,), _ = self.ray.wait(list(running), num_returns=1)
             slot, i = running.pop(ref)
             try:
@@ -141,12 +154,16 @@ class RayExecutor:
 
     def _check_resources(self) -> None:
         total, o = self.ray.cluster_resources(), self.options
-        for resource, key, per_actor in (("CPU", "num_cpus_per_actor", o.num_cpus_per_actor),
-                                         ("GPU", "num_gpus_per_actor", o.num_gpus_per_actor)):
+        for resource, key, per_actor in (
+            ("CPU", "num_cpus_per_actor", o.num_cpus_per_actor),
+            ("GPU", "num_gpus_per_actor", o.num_gpus_per_actor),
+        ):
             if o.num_actors * per_actor > total.get(resource, 0):
-                raise ConfigError(f"ray.num_actors={o.num_actors} × ray.{key}={per_actor:g} asks for "
-                                  f"{o.num_actors * per_actor:g} {resource}s, but the Ray cluster has "
-                                  f"{total.get(resource, 0):g}. Lower ray.num_actors or ray.{key}, or add nodes.")
+                raise ConfigError(
+                    f"ray.num_actors={o.num_actors} × ray.{key}={per_actor:g} asks for "
+                    f"{o.num_actors * per_actor:g} {resource}s, but the Ray cluster has "
+                    f"{total.get(resource, 0):g}. Lower ray.num_actors or ray.{key}, or add nodes."
+                )
 
 
 def _first_line(error: BaseException) -> str:

@@ -1,77 +1,142 @@
-"""The sequential executor: one client after another on one :class:`~plfl.client.LocalTrainer`
-(one ClientModule on one reused Lightning Trainer); ALA's weight learning in a plain autograd loop."""
+"""The sequential executor: one client after another, local training on one :class:`~plfl.client.LocalTrainer`
+(one ClientModule on one reused Lightning Trainer), a method's own steps in a plain loop."""
 
 from __future__ import annotations
 
 import copy
 from functools import cached_property
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 import torch
 from torch import nn
 
-from plfl.client import EvalResult, LocalTrainer, TrainResult
+from plfl.batches import has_batch_norm
+from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.data import FederatedData
+from plfl.data.augment import augmentation
 from plfl.errors import PlflError
-from plfl.executors.tasks import ClientFailure, EvalTask, LocalAggregationTask, TrainTask, checked, raised
-from plfl.methods.ala import AdaptiveLocalAggregation, ALAOutcome
+from plfl.executors.steps import PlainNetwork, run_step_task
+from plfl.models import channels_last
+from plfl.tasks import (
+    ClientFailure,
+    EvalResult,
+    EvalTask,
+    StepResult,
+    StepTask,
+    TrainResult,
+    TrainTask,
+    checked,
+    raised,
+)
+
+if TYPE_CHECKING:
+    from plfl.config import ExperimentConfig
+
+R = TypeVar("R")
 
 
 class SequentialExecutor:
-    """Runs each task with ``LocalTrainer.train`` / ``evaluate`` on the client's split of ``data``."""
+    """Runs each task on the client's split of ``data``: training and evaluation with ``trainer``, steps with
+    :func:`~plfl.executors.steps.run_step_task` on ``trainer``'s device."""
 
     def __init__(self, data: FederatedData, trainer: LocalTrainer):
         self.data = data
         self.trainer = trainer
 
+    @classmethod
+    def of(
+        cls, config: ExperimentConfig, data: FederatedData, architecture: nn.Module, devices: Optional[int] = None
+    ) -> SequentialExecutor:
+        """The executor of a run's ``config`` over ``data``: a ClientModule with a copy of ``architecture``
+        trained by SGD at ``federation.lr`` and ``federation.momentum`` in batches of
+        ``federation.batch_size``, augmented by ``data.augment``, on a Trainer of the ``trainer.*`` options
+        (``devices`` of them, default ``trainer.devices``).
+
+        Raises:
+            ConfigError: ``data.augment`` for data that are not images.
+        """
+        federation, options = config.federation, config.trainer
+        module = ClientModule(
+            copy.deepcopy(architecture),
+            data.num_classes,
+            federation.lr,
+            federation.momentum,
+            train_transform=augmentation(config.data.augment, data),
+        )
+        trainer = build_trainer(options.accelerator, devices or options.devices, options.precision)
+        return cls(data, LocalTrainer(module, trainer, federation.batch_size))
+
     def train(self, tasks: list[TrainTask]) -> list[TrainResult | ClientFailure]:
-        return [self._train(task) for task in tasks]
+        return [self._guarded(self._train, task, "local training") for task in tasks]
 
     def _train(self, task: TrainTask) -> TrainResult | ClientFailure:
+        x, y = self._training_split(task.client_id, task.samples)
+        return checked(
+            self.trainer.train(
+                task.params,
+                x,
+                y,
+                seed=task.seed,
+                epochs=task.epochs,
+                steps=task.steps,
+                trainable=task.trainable,
+                proximal=task.proximal,
+            )
+        )
+
+    def step(self, tasks: list[StepTask]) -> list[StepResult | ClientFailure]:
+        return [self._guarded(self._step, task, task.step.work) for task in tasks]
+
+    def _step(self, task: StepTask) -> StepResult | ClientFailure:
         client = self.data.clients[task.client_id]
-        x, y = client.x_train, client.y_train
-        if task.samples is not None:
-            x, y = x[task.samples], y[task.samples]
-        try:
-            result = self.trainer.train(task.params, x, y, seed=task.seed,
-                                        epochs=task.epochs, steps=task.steps, trainable=task.trainable,
-                                        proximal=task.proximal)
-        except PlflError:
-            raise  # bad input or options: every client would fail the same way
-        except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
-            return raised(error)
-        return checked(result)
-
-    def aggregate_locally(self, tasks: list[LocalAggregationTask]) -> list[ALAOutcome | ClientFailure]:
-        return [self._aggregate_locally(task) for task in tasks]
-
-    def _aggregate_locally(self, task: LocalAggregationTask) -> ALAOutcome | ClientFailure:
-        client = self.data.clients[task.client_id]
-        ala = AdaptiveLocalAggregation(task.config, self.architecture, self.trainer.batch_size)
-        try:
-            outcome = ala(task.global_params, task.local_params, task.weights, client.x_train, client.y_train,
-                          torch.Generator().manual_seed(task.seed), task.client_id)
-        except PlflError:
-            raise
-        except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
-            return raised(error, "ALA")
-        return checked(outcome)
-
-    @cached_property
-    def architecture(self) -> nn.Module:
-        """A CPU copy of the clients' model for ALA's functional calls (the trainer's may sit on a GPU)."""
-        return copy.deepcopy(self.trainer.module.model).cpu()
+        x, y = (t.to(self.device) for t in (client.x_train, client.y_train))
+        result = run_step_task(task, self.network, x, y, self.batch_norm)
+        return checked(result, result.state)
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
-        return [self.trainer.evaluate(task.params, *self.test_split(task.client_id)) for task in tasks]
+        return [self.trainer.evaluate(task.params, *self._evaluation_split(task)) for task in tasks]
 
     def close(self) -> None:
         """Nothing to release: everything runs in this process."""
 
-    def test_split(self, client_id: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y) of client ``client_id``'s test split; None: all clients' (:attr:`union_test_split`)."""
-        if client_id is None:
-            return self.union_test_split
+    @staticmethod
+    def _guarded(
+        run: Callable[[R], TrainResult | StepResult | ClientFailure], task: R, work: str
+    ) -> TrainResult | StepResult | ClientFailure:
+        try:
+            return run(task)
+        except PlflError:
+            raise  # bad input or options: every client would fail the same way
+        except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
+            return raised(error, work)
+
+    @cached_property
+    def device(self) -> torch.device:
+        return self.trainer.trainer.strategy.root_device
+
+    @cached_property
+    def network(self) -> PlainNetwork:
+        """A copy of the clients' architecture for the steps (the trainer's module is busy between fits)."""
+        return PlainNetwork(channels_last(copy.deepcopy(self.trainer.module.model)).to(self.device))
+
+    @cached_property
+    def batch_norm(self) -> bool:
+        return has_batch_norm(self.trainer.module.model)
+
+    def _training_split(self, client_id: int, samples: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         client = self.data.clients[client_id]
+        if samples is None:
+            return client.x_train, client.y_train
+        return client.x_train[samples], client.y_train[samples]
+
+    def _evaluation_split(self, task: EvalTask) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) that ``task`` evaluates on: a client's test split or samples of its training split, or all
+        clients' test splits (:attr:`union_test_split`)."""
+        if task.samples is not None:
+            return self._training_split(task.client_id, task.samples)
+        if task.client_id is None:
+            return self.union_test_split
+        client = self.data.clients[task.client_id]
         return client.x_test, client.y_test
 
     @cached_property

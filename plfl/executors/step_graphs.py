@@ -92,8 +92,12 @@ class StepGraphs:
 
     def _give_up(self, reason: str) -> None:
         """From now on, steps run eagerly (exactly as without graphs), after one notice."""
-        warnings.warn(PlflWarning(f"federation.cuda_graphs: {reason}; the vectorized executor runs its steps "
-                                  "without CUDA graphs."), stacklevel=4)
+        warnings.warn(
+            PlflWarning(
+                f"federation.cuda_graphs: {reason}; the vectorized executor runs its steps without CUDA graphs."
+            ),
+            stacklevel=4,
+        )
         self.capture, self.warmup = False, 0
 
 

@@ -1,138 +1,177 @@
-"""Adaptive Local Aggregation (ALA), the local initialisation of FedALA.
+"""Adaptive Local Aggregation (ALA), the local initialisation of FedALA, as a component of any method.
 
-Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized Federated
-Learning", AAAI 2023, Eq. 3–5 and Algorithm 1 (lines 6–16). ALA is a
-component: any method can switch it on with ``method.ala: {...}``.
+Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized Federated Learning", AAAI 2023, Eq. 3–5
+and Algorithm 1 (lines 6–16). With Θ the received global model, Θ_i the client's old local model and the top
+p parameter tensors (``named_parameters`` order, counted from the end):
+
+- lower tensors: Θ̂ = Θ (Eq. 4);
+- top tensors: Θ̂ = Θ_i + (Θ − Θ_i) ⊙ W_i (Eq. 3);
+- per mini-batch of an s % sample of D_i (the same batches every epoch):
+  W_i ← clamp(W_i − η · ∇_Θ̂ L(Θ̂) ⊙ (Θ − Θ_i), 0, 1) (Eq. 5), then recompute Θ̂ (:class:`ALAStep`).
+
+The first time it runs for a client (W_i absent, all ones to start: the "initial stage") it repeats epochs
+until more than ``num_pre_loss`` epoch losses are recorded and the std of the last ``num_pre_loss`` is below
+``threshold`` (the recorded loss is each epoch's last batch loss, :class:`Settled`), at most
+``max_init_epochs`` (a cap the reference code lacks: it can loop forever); afterwards exactly one epoch.
+Any method switches it on with ``method.ala: {...}`` (FedALA paper, Table 4); the learning is a step task
+(:mod:`plfl.tasks`), so every executor runs it.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call
+from torch.func import grad_and_value
 
 from plfl.errors import ConfigError, PlflWarning
-from plfl.methods.schemas import ALAConfig
+from plfl.fields import checked
 from plfl.models import BodyHeadModel
-from plfl.state import Params
+from plfl.seeding import ALA_SUBSET, derive_seed
+from plfl.state import ClientStateStore, Params
+from plfl.tasks import (
+    Batch,
+    Network,
+    Step,
+    StepOutput,
+    StepResult,
+    StepTask,
+    Trains,
+    masked_cross_entropy,
+    sample_count,
+)
 
-Batch = tuple[torch.Tensor, torch.Tensor]
+if TYPE_CHECKING:
+    from plfl.methods.base import FederationContext
 
 
 @dataclass
-class ALAOutcome:
-    """The initialised local model, the updated weights W_i, and how many epochs ALA ran."""
+class ALAConfig:
+    """ALA's hyperparameters (FedALA, Eq. 3–5; the reference code's defaults, the paper used threshold 0.01)."""
 
-    params: Params
-    weights: Params  # W_i: name → tensor in [0, 1], shaped like the top-p parameters
-    epochs: int
+    s: float = checked(
+        80.0,
+        lambda v: 0 < v <= 100,
+        "a percentage in (0, 100]",
+        "percentage of the client's training data used to learn the weights",
+    )
+    p: int = checked(
+        2,
+        lambda v: v >= 1,
+        "an integer >= 1",
+        "parameter tensors, counted from the end, that ALA aggregates element-wise",
+    )
+    eta: float = checked(1.0, lambda v: v > 0, "a number > 0", "learning rate of the aggregation weights")
+    threshold: float = checked(
+        0.1,
+        lambda v: v > 0,
+        "a number > 0",
+        "the initial stage ends when the std of the last num_pre_loss epoch losses is below it",
+    )
+    num_pre_loss: int = checked(10, lambda v: v >= 1, "an integer >= 1", "epoch losses the threshold looks at")
+    max_init_epochs: int = checked(
+        100,
+        lambda v: v >= 1,
+        "an integer >= 1",
+        "cap on the initial stage's epochs (the reference has none and can hang)",
+    )
 
 
-class AdaptiveLocalAggregation:
-    """Learns element-wise weights W_i that mix the global and the old local model.
+@dataclass(frozen=True)
+class ALAStep(Step):
+    """Eq. 5 on one batch: the state is W_i (the top tensors' names), the inputs ``local/<name>`` (Θ_i) and
+    ``gap/<name>`` (Θ − Θ_i), shared the received Θ. With ``head_only`` (every top tensor in the head) the
+    batches are prepared once into the fixed global body's features and the steps run the head alone: the
+    same numbers at a fraction of the cost."""
 
-    With Θ the global model, Θ_i the client's old local model and the top p
-    parameter tensors (in ``named_parameters`` order, counted from the end):
+    work = "ALA"
+    eta: float
+    top: tuple[str, ...]
+    head_only: bool
 
-    - lower tensors: Θ̂ = Θ (Eq. 4);
-    - top tensors: Θ̂ = Θ_i + (Θ − Θ_i) ⊙ W_i (Eq. 3);
-    - per mini-batch of an s % sample of D_i:
-      W_i ← clamp(W_i − η · ∇_Θ̂ L(Θ̂) ⊙ (Θ − Θ_i), 0, 1) (Eq. 5), then recompute Θ̂.
+    def prepare(self, network: Network, shared: Params, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        return network(shared, x, mask, "body")[0] if self.head_only else x
 
-    The first time it runs for a client (W_i absent: the "initial stage") it
-    repeats epochs until more than ``num_pre_loss`` epoch losses are recorded
-    and the std of the last ``num_pre_loss`` is below ``threshold`` (the
-    recorded loss is each epoch's last batch loss), at most ``max_init_epochs``;
-    afterwards exactly one epoch.
+    def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
+        def loss(theta: Params) -> torch.Tensor:
+            logits, _ = network({**shared, **theta}, batch.x, batch.mask, "head" if self.head_only else "")
+            return masked_cross_entropy(logits, batch.y, batch.mask)
+
+        theta = {k: inputs[f"local/{k}"] + inputs[f"gap/{k}"] * state[k] for k in self.top}
+        grads, value = grad_and_value(loss)(theta)
+        weights = {k: torch.clamp(state[k] - self.eta * grads[k] * inputs[f"gap/{k}"], 0, 1) for k in self.top}
+        return StepOutput(weights, value, sample_count(batch))
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The initial stage's stop rule: :func:`settled` with these ``num_pre_loss`` and ``threshold``."""
+
+    num_pre_loss: int
+    threshold: float
+
+    def __call__(self, epoch_losses: list[float]) -> bool:
+        n = self.num_pre_loss
+        return len(epoch_losses) > n and float(np.std(epoch_losses[-n:])) < self.threshold
+
+
+def local_aggregation(
+    config: ALAConfig, context: FederationContext, client_id: int, message: Params, local: Params, round_: int
+) -> Trains[Params]:
+    """ALA's initialisation of client ``client_id``'s model from the received ``message`` (Θ) and its old
+    ``local`` model (Θ_i): learns W_i (kept in the store as ``ala_weights``, with ``ala_epochs``) on an s %
+    sample drawn from the stream ALA_SUBSET of ``round_``, and returns Θ̂.
+
+    Warns:
+        PlflWarning: the initial stage hit ``max_init_epochs`` before the losses settled.
     """
+    store, architecture = context.store, context.architecture
+    top = top_names(architecture, config.p)
+    weights = store.get(client_id, "ala_weights")
+    seed = derive_seed(context.federation.seed, round_, client_id, ALA_SUBSET)
+    sample = sample_index(context.data.clients[client_id].num_train, config.s, torch.Generator().manual_seed(seed))
+    rule = Settled(config.num_pre_loss, config.threshold)
+    length = {"epochs": 1} if weights is not None else {"epochs": config.max_init_epochs, "stop": rule}
+    task = StepTask(
+        client_id,
+        ALAStep(config.eta, tuple(top), head_only(architecture, top)),
+        weights or {k: torch.ones_like(message[k]) for k in top},
+        seed,
+        context.federation.batch_size,
+        inputs={**{f"local/{k}": local[k] for k in top}, **{f"gap/{k}": message[k] - local[k] for k in top}},
+        shared=message,
+        sample=sample,
+        **length,
+    )
+    result: StepResult = yield task
+    if weights is None and not rule(result.epoch_losses):
+        warn_capped(config, client_id, result.epoch_losses)
+    store.set(client_id, "ala_weights", result.state)
+    store.set(client_id, "ala_epochs", result.epochs)
+    params = {k: v.clone() for k, v in message.items()}
+    params.update({k: local[k] + (message[k] - local[k]) * result.state[k] for k in top})
+    return params
 
-    def __init__(self, config: ALAConfig, model: nn.Module, batch_size: int):
-        self.config = config
-        self.model = model  # architecture only: parameters are supplied per call
-        self.batch_size = batch_size
-        self.top = top_names(model, config.p)
 
-    def __call__(
-        self,
-        global_params: Params,
-        local_params: Params,
-        weights: Optional[Params],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        generator: torch.Generator,
-        client_id: int,
-    ) -> ALAOutcome:
-        """Initialise client ``client_id``'s model from the global and its old local model.
-
-        Args:
-            global_params / local_params: Θ and Θ_i (not modified).
-            weights: W_i from the client's last ALA, or None before its first (initial stage).
-            x: (n, *input_shape) training inputs, y: (n,) labels of the client.
-            generator: draws the s % sample.
-
-        Warns:
-            PlflWarning: the initial stage hit ``max_init_epochs`` before the losses settled.
-        """
-        cfg = self.config
-        initial_stage = weights is None
-        weights = {k: torch.ones_like(global_params[k]) for k in self.top} if initial_stage else dict(weights)
-        gap = {k: global_params[k] - local_params[k] for k in self.top}
-        self.model.train()
-        inputs, forward = self._forward(global_params, self._sample_batches(x, y, generator))
-
-        def mixed() -> Params:
-            return {k: (local_params[k] + gap[k] * weights[k]).requires_grad_() for k in self.top}
-
-        theta = mixed()
-        losses: list[float] = []
-        while True:
-            for inp, target in inputs:
-                loss = F.cross_entropy(forward(inp, theta), target)
-                grads = torch.autograd.grad(loss, [theta[k] for k in self.top])
-                for k, g in zip(self.top, grads):
-                    weights[k] = torch.clamp(weights[k] - cfg.eta * g * gap[k], 0, 1)
-                theta = mixed()
-            losses.append(loss.item())
-            if not initial_stage or settled(cfg, losses):
-                break
-            if len(losses) >= cfg.max_init_epochs:
-                warn_capped(cfg, client_id, losses)
-                break
-        params = {k: v.clone() for k, v in global_params.items()}
-        params.update({k: theta[k].detach() for k in self.top})
-        return ALAOutcome(params, weights, len(losses))
-
-    def _forward(self, global_params: Params, batches: list[Batch]) -> tuple[list[Batch], Callable]:
-        """The per-batch inputs and ``forward(input, top tensors) → logits`` with the rest fixed to Θ.
-
-        When only head tensors are aggregated, the body is the fixed global body
-        in every epoch, so its features are computed once per batch and the
-        epochs run the head alone: the same numbers at a fraction of the cost.
-        Buffers are copied so that BatchNorm statistics updated here are discarded.
-        """
-        fixed = {k: v.clone() for k, v in global_params.items() if k not in self.top}
-        if not head_only(self.model, self.top):
-            return batches, lambda inp, theta: functional_call(self.model, {**fixed, **theta}, (inp,))
-        body, head = _submodule_params(fixed, "body."), _submodule_params(fixed, "head.")
-        with torch.no_grad():
-            features = [(functional_call(self.model.body, body, (xb,)), yb) for xb, yb in batches]
-        return features, lambda inp, theta: functional_call(
-            self.model.head, {**head, **_submodule_params(theta, "head.")}, (inp,)
-        )
-
-    def _sample_batches(
-        self, x: torch.Tensor, y: torch.Tensor, generator: torch.Generator
-    ) -> list[Batch]:
-        """The s % sample of (x, y), in data order, cut into mini-batches (the same every epoch)."""
-        index = sample_index(len(y), self.config.s, generator)
-        xs, ys = x[index], y[index]
-        return [(xs[i:i + self.batch_size], ys[i:i + self.batch_size]) for i in range(0, len(index), self.batch_size)]
+def ala_metrics(store: ClientStateStore) -> dict[str, float]:
+    """Mean, std, and fractions at 0 (local value kept) and 1 (global value taken) of all clients'
+    element-wise weights W_i, and mean epochs of their last ALA (empty before any ALA)."""
+    weights = [w for i in range(len(store)) if (w := store.get(i, "ala_weights"))]
+    epochs = [e for i in range(len(store)) if (e := store.get(i, "ala_epochs"))]
+    if not weights:
+        return {}
+    flat = torch.cat([t.flatten() for w in weights for t in w.values()])
+    return {
+        "ala_weight_mean": flat.mean().item(),
+        "ala_weight_std": flat.std(correction=0).item(),
+        "ala_weight_zero_fraction": (flat == 0).float().mean().item(),
+        "ala_weight_one_fraction": (flat == 1).float().mean().item(),
+        "ala_epochs_mean": sum(epochs) / len(epochs),
+    }
 
 
 def top_names(model: nn.Module, p: int) -> list[str]:
@@ -158,24 +197,13 @@ def sample_index(n: int, s: float, generator: torch.Generator) -> torch.Tensor:
     return torch.randperm(n, generator=generator)[:count].sort().values
 
 
-def settled(config: ALAConfig, losses: list[float]) -> bool:
-    """Whether the initial stage ends: more than ``num_pre_loss`` epoch losses, the std of the last ones below
-    ``threshold``."""
-    n = config.num_pre_loss
-    return len(losses) > n and float(np.std(losses[-n:])) < config.threshold
-
-
 def warn_capped(config: ALAConfig, client_id: int, losses: list[float]) -> None:
     """Warn that client ``client_id``'s initial stage hit ``max_init_epochs`` before its ``losses`` settled."""
     warnings.warn(
         f"ALA's initial stage for client {client_id} stopped at method.max_init_epochs={config.max_init_epochs} "
         f"epochs before its loss settled (std of the last {config.num_pre_loss} epoch losses "
-        f"{np.std(losses[-config.num_pre_loss:]):.4f} >= threshold {config.threshold}). "
+        f"{np.std(losses[-config.num_pre_loss :]):.4f} >= threshold {config.threshold}). "
         "Raise method.threshold or method.max_init_epochs.",
         PlflWarning,
         stacklevel=2,
     )
-
-
-def _submodule_params(params: Params, prefix: str) -> Params:
-    return {k.removeprefix(prefix): v for k, v in params.items() if k.startswith(prefix)}

@@ -4,7 +4,7 @@ Client i solves min_v F_i(v) + λ/2 ‖v − w*‖², w* the global model that F
 Per round (Alg. 1), a sampled client with the received global model w:
 
 - personal model: v ← v − η (∇F_i(v) + λ (v − w)) per mini-batch, for ``method.personal_epochs``
-  epochs from its own v (``local_train``: a :class:`~plfl.client.ProximalTerm` anchored at w,
+  epochs from its own v (``local_train``: a :class:`~plfl.tasks.ProximalTerm` anchored at w,
   stream PERSONAL_TRAINING);
 - global copy: FedAvg's local training from w for ``federation.local_epochs`` (stream
   LOCAL_TRAINING); it is what the client uploads (``TrainResult.upload``);
@@ -20,34 +20,63 @@ averaged over the steps of both trainings (the proximal term left out).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from plfl.client import ProximalTerm, TrainResult
-from plfl.executors import Trains
+from plfl.fields import checked
+from plfl.methods.base import MethodConfig
 from plfl.methods.fedavg import FedAvg
 from plfl.seeding import PERSONAL_TRAINING
 from plfl.state import Params
+from plfl.tasks import ProximalTerm, TrainResult, Trains
+
+
+@dataclass
+class DittoConfig(MethodConfig):
+    """Ditto's keys (Li et al., ICML 2021, Eq. 2, Alg. 1); the global copy trains for
+    ``federation.local_epochs``. The kept personal model is Ditto's local initialisation, so
+    there is no ``method.ala``."""
+
+    lam: float = checked(
+        1.0,
+        lambda v: v >= 0,
+        "a number >= 0",
+        "λ: weight of λ/2‖v − w‖², the personal model's pull to the global one (Eq. 2); "
+        "1 as in the authors' scripts (PFLlib's shared -mu default 0 makes v a local model)",
+    )
+    personal_epochs: int = checked(
+        1, lambda v: v >= 1, "an integer >= 1", "epochs of the personal model per round (PFLlib's plocal_epochs, 1)"
+    )
 
 
 class Ditto(FedAvg):
-    """FedAvg's server and uploads; each client also keeps and evaluates a personal model v."""
+    """Ditto (Li et al., ICML 2021): FedAvg plus a personal model kept near the global one.
+
+    FedAvg's server and uploads; each client also keeps and evaluates a personal model v.
+    """
 
     name = "ditto"
+    config_class = DittoConfig
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
         """The client's own v; before its first training, the received global model."""
         return self.store.get(client_id, "model") or {k: v.clone() for k, v in message.items()}
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
-        """v (``params``) trained with λ/2‖v − w‖², then FedAvg's training of w, uploaded (Alg. 1)."""
-        received = self.server_message(client_id)  # w: unchanged since this round's broadcast
-        personal = yield self.train_task(client_id, params, round_, PERSONAL_TRAINING,
-                                         epochs=self.config.personal_epochs,
-                                         proximal=ProximalTerm(received, self.config.lam))
-        global_copy = yield from super().local_train(client_id, received, round_)
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+        """v (``params``) trained with λ/2‖v − w‖², then FedAvg's training of w (the received ``message``),
+        uploaded (Alg. 1)."""
+        personal = yield self.train_task(
+            client_id,
+            params,
+            round_,
+            PERSONAL_TRAINING,
+            epochs=self.config.personal_epochs,
+            proximal=ProximalTerm(message, self.config.lam),
+        )
+        global_copy = yield from super().local_train(client_id, message, message, round_)
         seen = personal.samples_seen + global_copy.samples_seen
         loss = (personal.loss * personal.samples_seen + global_copy.loss * global_copy.samples_seen) / seen
         return TrainResult(personal.params, loss, seen, upload=global_copy.params)
 
-    def global_model(self) -> Params:
+    def global_model(self, round_: int) -> Params:
         return self.global_params

@@ -1,15 +1,28 @@
-"""FedALA (Zhang et al., AAAI 2023): FedAvg with Adaptive Local Aggregation as local initialisation."""
+"""FedALA (Zhang et al., AAAI 2023, arXiv:2212.01197): FedAvg with Adaptive Local Aggregation as local
+initialisation (:mod:`plfl.methods.ala`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from plfl.methods.ala import ALAConfig
+from plfl.methods.base import MethodConfig
 from plfl.methods.fedavg import FedAvg
-from plfl.methods.schemas import ALAConfig
+
+
+@dataclass
+class FedALAConfig(ALAConfig, MethodConfig):
+    """FedALA's keys are ALA's, at the top of ``method``: ``method.s``, ``method.p``, ..."""
 
 
 class FedALA(FedAvg):
-    """FedAvg aggregation on the server; ALA (Eq. 3–5, Alg. 1) initialises every client's model."""
+    """FedALA (Zhang et al., AAAI 2023): FedAvg with adaptive local aggregation.
+
+    FedAvg aggregation on the server; ALA (Eq. 3–5, Alg. 1) initialises every client's model.
+    """
 
     name = "fedala"
+    config_class = FedALAConfig
 
     def ala_config(self) -> ALAConfig:
         return self.config

@@ -8,7 +8,7 @@ personalized cloud model (Eq. 6)
 with the attention-inducing function A(x) = 1 − e^{−x/σ}, so A'(x) = e^{−x/σ}/σ: the
 closer two models, the more they weigh in each other's cloud model (``attention_weights``,
 ``cloud_model``). Client i then trains its own w_i on F_i(w) + λ/(2α_K) ‖w − u_i‖² (Eq. 8),
-a :class:`~plfl.client.ProximalTerm` with μ = λ/α_K anchored at u_i.
+a :class:`~plfl.tasks.ProximalTerm` with μ = λ/α_K anchored at u_i.
 
 Hooks: ``aggregate`` stores the uploads and computes ξ; ``server_message`` sends u_i;
 ``pre_local_init`` keeps the client's own w_i, which is what it evaluates; ``local_train``
@@ -27,14 +27,41 @@ close models it is negative and u_i extrapolates; ``self_weight_min`` logs it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from plfl.client import ProximalTerm, TrainResult
-from plfl.executors import Trains
-from plfl.methods.base import FederationContext, Method
-from plfl.methods.schemas import FedAMPConfig
+from plfl.fields import checked
+from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
+from plfl.tasks import ProximalTerm, TrainResult, Trains
+
+
+@dataclass
+class FedAMPConfig(MethodConfig):
+    """FedAMP's keys (Huang et al., AAAI 2021, Eq. 6 and 8); defaults: PFLlib's (main.py). The client keeps
+    and trains its own model, so there is no ``method.ala``."""
+
+    alpha_k: float = checked(
+        1.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "α_K: step of the attentive message passing, ξ_ij = α_K e^(−‖w_i − w_j‖²/σ)/σ; "
+        "the proximal weight is λ/α_K (PFLlib's alphaK, 1.0)",
+    )
+    sigma: float = checked(
+        1.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "σ: scale of the attention-inducing function A(x) = 1 − e^(−x/σ) (PFLlib's sigma, 1.0)",
+    )
+    lam: float = checked(
+        1.0,
+        lambda v: v >= 0,
+        "a number >= 0",
+        "λ: the client trains on F_i(w) + λ/(2α_K)‖w − u_i‖² (PFLlib's lamda, 1.0)",
+    )
 
 
 def attention_weights(models: Params, alpha: float, sigma: float) -> torch.Tensor:
@@ -58,20 +85,26 @@ def cloud_model(xi: torch.Tensor, client_id: int, models: Params) -> Params:
 
 
 class FedAMP(Method):
-    """Clients train their own models pulled towards similarity-weighted cloud models (Eq. 6, 8)."""
+    """FedAMP (Huang et al., AAAI 2021): cloud models mixing all clients' models by similarity.
+
+    Clients train their own models pulled towards similarity-weighted cloud models (Eq. 6, 8).
+    """
 
     name = "fedamp"
+    config_class = FedAMPConfig
     server_state = ("global_params", "models", "xi")
 
     def __init__(self, config: FedAMPConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         num_clients = len(context.data.clients)
         # w_j: every client's latest upload, parameters only, stacked (N, ...); the initial model at first.
-        self.models = {name: torch.stack([initial_params[name]] * num_clients)
-                       for name, _ in context.model.named_parameters()}
+        self.models = {
+            name: torch.stack([initial_params[name]] * num_clients)
+            for name, _ in context.architecture.named_parameters()
+        }
         self.xi = attention_weights(self.models, config.alpha_k, config.sigma)
 
-    def server_message(self, client_id: int) -> Params:
+    def server_message(self, client_id: int, round_: int) -> Params:
         """u_i (Eq. 6)."""
         return cloud_model(self.xi[client_id], client_id, self.models)
 
@@ -79,23 +112,33 @@ class FedAMP(Method):
         """The client's own w_i (before its first training, the initial model)."""
         return self.store.get(client_id, "model") or self.global_params
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
         """w_i trained from itself on F_i(w) + λ/(2α_K)‖w − u_i‖² (Eq. 8), u_i the received cloud model."""
-        proximal = ProximalTerm(self.server_message(client_id), self.config.lam / self.config.alpha_k)
-        return (yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
-                                      epochs=self.context.federation.local_epochs, proximal=proximal))
+        proximal = ProximalTerm(message, self.config.lam / self.config.alpha_k)
+        return (
+            yield self.train_task(
+                client_id,
+                params,
+                round_,
+                LOCAL_TRAINING,
+                epochs=self.context.federation.local_epochs,
+                proximal=proximal,
+            )
+        )
 
-    def client_message(self, client_id: int, result: TrainResult) -> Params:
+    def client_message(self, client_id: int, result: TrainResult, round_: int) -> Params:
         """The trained w_i's parameters."""
         return {name: result.params[name] for name in self.models}
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         """w_j ← the uploads (new tensors), then ξ of the updated models."""
-        self.models = {name: torch.stack([messages[j][name] if j in messages else old for j, old in enumerate(w)])
-                       for name, w in self.models.items()}
+        self.models = {
+            name: torch.stack([messages[j][name] if j in messages else old for j, old in enumerate(w)])
+            for name, w in self.models.items()
+        }
         self.xi = attention_weights(self.models, self.config.alpha_k, self.config.sigma)
 
-    def round_metrics(self) -> dict[str, float]:
+    def round_metrics(self, round_: int) -> dict[str, float]:
         """``self_weight_mean`` and ``self_weight_min``: ξ_{i,i} over clients i (< 0: u_i extrapolates)."""
         diagonal = self.xi.diagonal()
         return {"self_weight_mean": diagonal.mean().item(), "self_weight_min": diagonal.min().item()}

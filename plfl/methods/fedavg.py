@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
-from plfl.methods.base import Method
+from dataclasses import dataclass, field
+from typing import Optional
+
+from plfl.methods.ala import ALAConfig
+from plfl.methods.base import Method, MethodConfig
 from plfl.state import Params
+
+
+@dataclass
+class FedAvgConfig(MethodConfig):
+    """FedAvg's keys; a method whose config derives from this one can take ALA (``method.ala``)."""
+
+    ala: Optional[ALAConfig] = field(
+        default=None,
+        metadata={
+            "doc": "ALA as this method's local initialisation (FedALA paper, Table 4): method.ala.s, .p, ... "
+            "take fedala's keys"
+        },
+    )
 
 
 def weighted_average(states: list[Params], weights: list[float]) -> Params:
@@ -25,9 +42,13 @@ def weighted_average(states: list[Params], weights: list[float]) -> Params:
 
 
 class FedAvg(Method):
-    """Θ^t = Σ_{i∈S_t} n_i Θ_i^t / Σ_{i∈S_t} n_i, n_i the client's training samples (FedAvg, Alg. 1)."""
+    """FedAvg (McMahan et al., AISTATS 2017): sample-size weighted average of client models.
+
+    Θ^t = Σ_{i∈S_t} n_i Θ_i^t / Σ_{i∈S_t} n_i, n_i the client's training samples (Alg. 1).
+    """
 
     name = "fedavg"
+    config_class = FedAvgConfig
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         sizes = [self.context.data.clients[i].num_train for i in messages]

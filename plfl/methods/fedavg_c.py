@@ -14,14 +14,36 @@ that FedProx-C's fine-tuning has no proximal term (it adapts to the client's dat
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from plfl.executors import Trains
-from plfl.methods.base import Method
+from plfl.fields import checked
+from plfl.methods.base import Method, MethodConfig
 from plfl.methods.fedavg import FedAvg
-from plfl.methods.fedprox import FedProx
+from plfl.methods.fedprox import FedProx, proximal_mu
 from plfl.seeding import FINE_TUNING
 from plfl.state import Params
+from plfl.tasks import Trains
+
+
+@dataclass
+class FedAvgCConfig(MethodConfig):
+    """FedAvg-C's keys (FedALA paper, Sec. 5). Its own local initialisation, so no ``method.ala``."""
+
+    finetune_epochs: int = checked(
+        1,
+        lambda v: v >= 1,
+        "an integer >= 1",
+        "epochs of fine-tuning the received global model on the client's training "
+        "data before evaluation and local training (the paper gives no value)",
+    )
+
+
+@dataclass
+class FedProxCConfig(FedAvgCConfig):
+    """FedProx-C's keys: FedAvg-C's fine-tuning and FedProx's μ."""
+
+    mu: float = proximal_mu()
 
 
 class FineTunedInit(Method):
@@ -35,12 +57,20 @@ class FineTunedInit(Method):
 
 
 class FedAvgC(FineTunedInit, FedAvg):
-    """FedAvg whose clients start from (and are evaluated with) the fine-tuned global model."""
+    """FedAvg-C (FedALA paper, AAAI 2023): FedAvg, global model fine-tuned locally as init.
+
+    FedAvg whose clients start from (and are evaluated with) the fine-tuned global model.
+    """
 
     name = "fedavg_c"
+    config_class = FedAvgCConfig
 
 
 class FedProxC(FineTunedInit, FedProx):
-    """FedProx whose clients start from (and are evaluated with) the fine-tuned global model."""
+    """FedProx-C (FedALA paper, AAAI 2023): FedProx, global model fine-tuned locally as init.
+
+    FedProx whose clients start from (and are evaluated with) the fine-tuned global model.
+    """
 
     name = "fedprox_c"
+    config_class = FedProxCConfig

@@ -15,7 +15,10 @@ from plfl.state import Params
 
 
 class FedAvgE(FedAvg):
-    """Θ^t = (1/|S_t|) Σ_{i∈S_t} Θ_i^t: every uploading client weighs the same."""
+    """FedAvg-e (Self-FL paper, NeurIPS 2022): FedAvg with equal client weights.
+
+    Θ^t = (1/|S_t|) Σ_{i∈S_t} Θ_i^t: every uploading client weighs the same.
+    """
 
     name = "fedavg_e"
 

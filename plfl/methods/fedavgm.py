@@ -10,14 +10,33 @@ used Nesterov's variant of the momentum; this is the update as Sec. 4.2 writes i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from plfl.methods.fedavg import FedAvg
+from plfl.fields import checked
+from plfl.methods.fedavg import FedAvg, FedAvgConfig
 from plfl.state import Params
 
 
-def server_momentum_step(global_params: Params, average: Params, velocity: Optional[Params],
-                         momentum: float, lr: float) -> tuple[Params, Params]:
+@dataclass
+class FedAvgMConfig(FedAvgConfig):
+    """FedAvgM's keys (Hsu et al., 2019, Sec. 4.2); β = 0 with η_s = 1 is FedAvg. Derived from
+    FedAvgConfig, so ``method.ala`` works here too."""
+
+    server_momentum: float = checked(
+        0.9,
+        lambda v: 0 <= v < 1,
+        "a number in [0, 1)",
+        "β: momentum of the server's update (the paper tried 0 to 0.997)",
+    )
+    server_lr: float = checked(
+        1.0, lambda v: v > 0, "a number > 0", "η_s: the server's learning rate (the paper keeps it at 1)"
+    )
+
+
+def server_momentum_step(
+    global_params: Params, average: Params, velocity: Optional[Params], momentum: float, lr: float
+) -> tuple[Params, Params]:
     """One server step: Δ^t = Θ^{t-1} − Θ̄^t, v^t = β v^{t-1} + Δ^t, Θ^t = Θ^{t-1} − η_s v^t.
 
     Args:
@@ -46,9 +65,13 @@ def server_momentum_step(global_params: Params, average: Params, velocity: Optio
 
 
 class FedAvgM(FedAvg):
-    """FedAvg's clients and average; the server then takes a momentum step (Sec. 4.2)."""
+    """FedAvgM (Hsu et al., 2019): FedAvg with server momentum on the averaged update.
+
+    FedAvg's clients and average; the server then takes a momentum step (Sec. 4.2).
+    """
 
     name = "fedavgm"
+    config_class = FedAvgMConfig
     server_state = ("global_params", "velocity")
     velocity: Optional[Params] = None  # v^{t-1}; None until the first aggregation
 
@@ -56,4 +79,5 @@ class FedAvgM(FedAvg):
         previous = self.global_params
         super().aggregate(messages, round_)  # self.global_params = Θ̄^t
         self.global_params, self.velocity = server_momentum_step(
-            previous, self.global_params, self.velocity, self.config.server_momentum, self.config.server_lr)
+            previous, self.global_params, self.velocity, self.config.server_momentum, self.config.server_lr
+        )

@@ -25,7 +25,10 @@ from plfl.methods.partial import PartialSharing, module_keys
 
 
 class FedBN(PartialSharing):
-    """FedAvg on every key outside the BatchNorm layers."""
+    """FedBN (Li et al., ICLR 2021): FedAvg with BatchNorm layers kept local.
+
+    FedAvg on every key outside the BatchNorm layers.
+    """
 
     name = "fedbn"
 
@@ -37,6 +40,8 @@ class FedBN(PartialSharing):
         """
         keys = module_keys(model, lambda _, module: isinstance(module, _BatchNorm))
         if not keys:
-            raise ConfigError("method.name=fedbn keeps the BatchNorm layers local, but the model has none. Set "
-                              "model.batch_norm=true (model.name=cnn or mlp), or use method.name=fedavg.")
+            raise ConfigError(
+                "method.name=fedbn keeps the BatchNorm layers local, but the model has none. Set "
+                "model.batch_norm=true (model.name=cnn or mlp), or use method.name=fedavg."
+            )
         return keys

@@ -11,7 +11,8 @@ server adds the scores to an affinity matrix P (N × N, the identity at the star
 P_{i,n} += s_n, and sends client i the M models with the largest P_{i,n}, n ≠ i.
 
 Hooks: ``server_message`` sends the M models stacked (name → (M, *shape)); ``local_train``
-scores and combines them (``fomo_scores``, ``fomo_weights``, ``fomo_update``) and trains;
+evaluates them and its own model on its validation split (evaluation tasks), scores and combines
+them (``fomo_scores``, ``fomo_weights``, ``fomo_update``) and trains;
 ``client_message`` uploads the trained model and the scores; ``aggregate`` stores the models
 and updates P. The client's kept model, its last trained one, is what it evaluates.
 
@@ -31,19 +32,40 @@ the lower client id (``torch.topk`` leaves their order unspecified).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from plfl.client import TrainResult
 from plfl.errors import ConfigError
-from plfl.executors import Trains
-from plfl.methods.base import FederationContext, Method
-from plfl.methods.schemas import FedFomoConfig
+from plfl.fields import checked
+from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.seeding import LOCAL_TRAINING, VALIDATION_SPLIT, derive_seed
 from plfl.state import Params
+from plfl.tasks import EvalTask, TrainResult, Trains
 
 SCORES = "fedfomo_scores"  # the upload's key for the scores s_n, (M,), in download order
+
+
+@dataclass
+class FedFomoConfig(MethodConfig):
+    """FedFomo's keys (Zhang et al., ICLR 2021, Sec. 3); defaults: PFLlib's. The client combines the
+    downloaded models itself before training, so there is no ``method.ala``."""
+
+    m: int = checked(
+        5,
+        lambda v: v >= 1,
+        "an integer >= 1",
+        "M: models of other clients each client downloads per round, those of the largest "
+        "affinity P_{i,n} (PFLlib's -M, 5)",
+    )
+    val_ratio: float = checked(
+        0.2,
+        lambda v: 0 < v < 1,
+        "a number in (0, 1)",
+        "share of each client's training split held out to score the downloaded models; "
+        "training uses the rest (PFLlib's clientfomo.py val_ratio, 0.2)",
+    )
 
 
 def validation_split(n: int, ratio: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,8 +75,10 @@ def validation_split(n: int, ratio: float, seed: int) -> tuple[torch.Tensor, tor
         ConfigError: n < 2 (no sample would be left for one of the two).
     """
     if n < 2:
-        raise ConfigError(f"FedFomo needs 2 or more training samples per client to hold out a validation split; "
-                          f"a client has {n}. Use a partition that gives every client more data (data.min_samples).")
+        raise ConfigError(
+            f"FedFomo needs 2 or more training samples per client to hold out a validation split; "
+            f"a client has {n}. Use a partition that gives every client more data (data.min_samples)."
+        )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     size = min(n - 1, max(1, int(ratio * n)))
     return order[size:].sort().values, order[:size].sort().values
@@ -78,19 +102,27 @@ def fomo_update(own: Params, received: Params, weights: torch.Tensor) -> Params:
 
 
 class FedFomo(Method):
-    """Clients combine M downloaded models by first-order validation weights, then train (Sec. 3)."""
+    """FedFomo (Zhang et al., ICLR 2021): M downloaded models weighted by validation-loss gain.
+
+    Clients combine M downloaded models by first-order validation weights, then train (Sec. 3).
+    """
 
     name = "fedfomo"
+    config_class = FedFomoConfig
     server_state = ("global_params", "models", "uploaded", "affinity")
 
     def __init__(self, config: FedFomoConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         clients = context.data.clients
-        self.splits = [validation_split(c.num_train, config.val_ratio, derive_seed(self.seed, 0, i, VALIDATION_SPLIT))
-                       for i, c in enumerate(clients)]
+        self.splits = [
+            validation_split(c.num_train, config.val_ratio, derive_seed(self.seed, 0, i, VALIDATION_SPLIT))
+            for i, c in enumerate(clients)
+        ]
         # θ_n: every client's latest upload, parameters only, stacked (N, ...).
-        self.models = {name: torch.stack([initial_params[name]] * len(clients))
-                       for name, _ in context.model.named_parameters()}
+        self.models = {
+            name: torch.stack([initial_params[name]] * len(clients))
+            for name, _ in context.architecture.named_parameters()
+        }
         self.uploaded = torch.zeros(len(clients), dtype=torch.bool)
         self.affinity = torch.eye(len(clients))  # P
 
@@ -104,7 +136,7 @@ class FedFomo(Method):
         ranked = sorted(candidates, key=lambda n: (-self.affinity[client_id, n].item(), n))
         return ranked[: self.config.m]
 
-    def server_message(self, client_id: int) -> Optional[Params]:
+    def server_message(self, client_id: int, round_: int) -> Optional[Params]:
         """The selected clients' models, name → (M, *shape); None before any upload."""
         chosen = self.selection(client_id)
         return {k: w[chosen] for k, w in self.models.items()} if chosen else None
@@ -113,24 +145,25 @@ class FedFomo(Method):
         """The client's own model (before its first training, the initial model)."""
         return self.store.get(client_id, "model") or self.global_params
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
-        """The first-order update of ``params`` by the received models on the validation split, then
-        ``federation.local_epochs`` epochs on the rest; the scores go with the upload."""
-        received = self.server_message(client_id)  # unchanged since this round's broadcast
+    def local_train(
+        self, client_id: int, params: Params, message: Optional[Params], round_: int
+    ) -> Trains[TrainResult]:
+        """The first-order update of ``params`` by the received models (``message``) on the validation split,
+        then ``federation.local_epochs`` epochs on the rest; the scores go with the upload."""
         scores = torch.zeros(0)
-        if received is not None:
-            data, (_, val) = self.context.data.clients[client_id], self.splits[client_id]
-            x, y = data.x_train[val], data.y_train[val]
-            evaluate = self.context.local_trainer.evaluate
-            count = len(next(iter(received.values())))
-            losses = torch.tensor([evaluate({**params, **{k: v[n] for k, v in received.items()}}, x, y).loss
-                                   for n in range(count)])
-            distances = torch.stack([torch.cat([(v[n] - params[k]).flatten() for k, v in received.items()]).norm()
-                                     for n in range(count)])
-            scores = fomo_scores(evaluate(params, x, y).loss, losses, distances)
-            params = fomo_update(params, received, fomo_weights(scores))
-        result = yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
-                                       epochs=self.context.federation.local_epochs)
+        if message is not None:
+            val = self.splits[client_id][1]
+            count = len(next(iter(message.values())))
+            candidates = [{**params, **{k: v[n] for k, v in message.items()}} for n in range(count)]
+            own, *others = yield [EvalTask(client_id, p, samples=val) for p in (params, *candidates)]
+            distances = torch.stack(
+                [torch.cat([(v[n] - params[k]).flatten() for k, v in message.items()]).norm() for n in range(count)]
+            )
+            scores = fomo_scores(own.loss, torch.tensor([e.loss for e in others]), distances)
+            params = fomo_update(params, message, fomo_weights(scores))
+        result = yield self.train_task(
+            client_id, params, round_, LOCAL_TRAINING, epochs=self.context.federation.local_epochs
+        )
         result.upload = {**{k: result.params[k] for k in self.models}, SCORES: scores}
         return result
 
@@ -140,5 +173,7 @@ class FedFomo(Method):
         for j, message in messages.items():
             self.affinity[j, chosen[j]] += message[SCORES]
             self.uploaded[j] = True
-        self.models = {name: torch.stack([messages[j][name] if j in messages else old for j, old in enumerate(w)])
-                       for name, w in self.models.items()}
+        self.models = {
+            name: torch.stack([messages[j][name] if j in messages else old for j, old in enumerate(w)])
+            for name, w in self.models.items()
+        }

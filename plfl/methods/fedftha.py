@@ -7,19 +7,31 @@ H (the last classifier layer, ``head.*``); every client keeps its own head.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
-from plfl.client import TrainResult
-from plfl.executors import Trains
-from plfl.methods.base import FederationContext, Method
+from plfl.fields import checked
+from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.fedavg import weighted_average
-from plfl.methods.schemas import FedFTHAConfig
 from plfl.seeding import POST_TRAINING
 from plfl.state import Params
+from plfl.tasks import TrainResult, Trains
+
+
+@dataclass
+class FedFTHAConfig(MethodConfig):
+    """τ_sync (Eq. 6) is ``federation.local_epochs``; τ_head (Eq. 7) is ``head_epochs``."""
+
+    head_epochs: int = checked(
+        5,
+        lambda v: v >= 0,
+        "an integer >= 0",
+        "τ_head: epochs of head-only training after the joint epochs, body frozen (Eq. 7)",
+    )
 
 
 class FedFTHA(Method):
-    """FedFT's client update plus FedHA's global head.
+    """FedFTHA (IEEE IoT-J 2023): FedFT plus a global head averaged over all heads.
 
     Client (``local_train`` + ``post_train``): τ_sync epochs on body and head
     (Eq. 6), then τ_head epochs on the head alone (Eq. 7); it uploads both.
@@ -34,20 +46,27 @@ class FedFTHA(Method):
     """
 
     name = "fedftha"
+    config_class = FedFTHAConfig
     server_state = ("global_params", "heads")
 
     def __init__(self, config: FedFTHAConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         self.head_keys = {k for k in initial_params if k.startswith("head.")}
-        self.head_parameters = {n for n, _ in context.model.named_parameters() if n.startswith("head.")}
+        self.head_parameters = {n for n, _ in context.architecture.named_parameters() if n.startswith("head.")}
         self.heads: dict[int, Params] = {}  # client → its latest uploaded head
 
     def post_train(self, client_id: int, result: TrainResult, round_: int) -> Trains[TrainResult]:
         """τ_head epochs of head-only training; the reported loss stays that of the joint epochs."""
         if self.config.head_epochs == 0:
             return result
-        tuned = yield self.train_task(client_id, result.params, round_, POST_TRAINING,
-                                      epochs=self.config.head_epochs, trainable=self.head_parameters)
+        tuned = yield self.train_task(
+            client_id,
+            result.params,
+            round_,
+            POST_TRAINING,
+            epochs=self.config.head_epochs,
+            trainable=self.head_parameters,
+        )
         return TrainResult(tuned.params, result.loss, result.samples_seen + tuned.samples_seen)
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
@@ -62,7 +81,7 @@ class FedFTHA(Method):
             return {k: self.global_params[k] for k in self.head_keys}
         return weighted_average(list(self.heads.values()), [1.0] * len(self.heads))
 
-    def server_message(self, client_id: int) -> Params:
+    def server_message(self, client_id: int, round_: int) -> Params:
         return self.body(self.global_params) if client_id in self.heads else self.global_params
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
@@ -70,10 +89,10 @@ class FedFTHA(Method):
         local = self.store.get(client_id, "model") or {}
         return {**local, **{k: v.clone() for k, v in message.items()}}
 
-    def global_model(self) -> Params:
+    def global_model(self, round_: int) -> Params:
         return self.global_params
 
-    def round_metrics(self) -> dict[str, float]:
+    def round_metrics(self, round_: int) -> dict[str, float]:
         return {"heads_stored": len(self.heads)}
 
     def body(self, params: Params) -> Params:
@@ -81,13 +100,16 @@ class FedFTHA(Method):
 
 
 class FedFT(FedFTHA):
-    """FedFTHA without head aggregation: clients that never trained keep the initial head,
-    and there is no global model to evaluate."""
+    """FedFT (FedFTHA paper, IEEE IoT-J 2023): personal heads fine-tuned, body averaged.
+
+    FedFTHA without head aggregation: clients that never trained keep the initial head,
+    and there is no global model to evaluate.
+    """
 
     name = "fedft"
 
     def global_head(self) -> Params:
         return {k: self.global_params[k] for k in self.head_keys}
 
-    def global_model(self) -> None:
+    def global_model(self, round_: int) -> None:
         return None

@@ -3,7 +3,7 @@
 Client k of round t approximately minimises h_k(w; w^t) = F_k(w) + μ/2 ‖w − w^t‖² (Eq. 2),
 w^t the global model it received, so each SGD step adds μ(w − w^t) to the gradient of the
 local cross-entropy F_k. ``local_train`` implements it with
-:class:`plfl.client.ProximalTerm` anchored at the server's message; every other hook is
+:class:`plfl.tasks.ProximalTerm` anchored at the server's message; every other hook is
 FedAvg's (the received global model is the local initialisation and what gets evaluated,
 unless ``method.ala`` replaces it). μ = 0 is FedAvg.
 
@@ -16,21 +16,56 @@ as PFLlib's optimizer does.
 
 from __future__ import annotations
 
-from plfl.client import ProximalTerm, TrainResult
-from plfl.executors import Trains
-from plfl.methods.fedavg import FedAvg
+from dataclasses import dataclass
+from typing import Any
+
+from plfl.fields import checked
+from plfl.methods.fedavg import FedAvg, FedAvgConfig
 from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
+from plfl.tasks import ProximalTerm, TrainResult, Trains
+
+
+def proximal_mu() -> Any:
+    """FedProx's μ as a config field (one definition for fedprox and fedprox_c)."""
+    return checked(
+        0.01,
+        lambda v: v >= 0,
+        "a number >= 0",
+        "μ: weight of the proximal term μ/2‖w − w^t‖² (Eq. 2); 0.01 as plfl's comparisons with PFLlib "
+        "set it (PFLlib's argparse default is 0, i.e. FedAvg); the FedProx code suggests tuning it in "
+        "{0.001, 0.01, 0.1, 0.5, 1}",
+    )
+
+
+@dataclass
+class FedProxConfig(FedAvgConfig):
+    """FedProx's keys (Li et al., MLSys 2020); μ = 0 is FedAvg. Derived from FedAvgConfig, so
+    ``method.ala`` works here too (FedALA paper, Table 4)."""
+
+    mu: float = proximal_mu()
 
 
 class FedProx(FedAvg):
-    """FedAvg's server; clients train on F_k(w) + μ/2 ‖w − w^t‖² (Eq. 2), w^t the received model."""
+    """FedProx (Li et al., MLSys 2020): FedAvg with a proximal term mu/2 |w - w_global|^2.
+
+    FedAvg's server; clients train on F_k(w) + μ/2 ‖w − w^t‖² (Eq. 2), w^t the received model.
+    """
 
     name = "fedprox"
+    config_class = FedProxConfig
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
         """``federation.local_epochs`` epochs from ``params`` with the proximal term anchored at the
         global model the client received (which ALA may have changed ``params`` from)."""
-        proximal = ProximalTerm(self.server_message(client_id), self.config.mu)
-        return (yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
-                                      epochs=self.context.federation.local_epochs, proximal=proximal))
+        proximal = ProximalTerm(message, self.config.mu)
+        return (
+            yield self.train_task(
+                client_id,
+                params,
+                round_,
+                LOCAL_TRAINING,
+                epochs=self.context.federation.local_epochs,
+                proximal=proximal,
+            )
+        )

@@ -22,38 +22,66 @@ as PFLlib's do; the body's parameters do not.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 from torch import nn
 
-from plfl.client import TrainResult
-from plfl.executors import Trains
-from plfl.methods.base import FederationContext
+from plfl.fields import checked
+from plfl.methods.base import FederationContext, MethodConfig
 from plfl.methods.partial import PartialSharing, module_keys
-from plfl.methods.schemas import FedRepConfig
 from plfl.seeding import HEAD_TRAINING, LOCAL_TRAINING
 from plfl.state import Params
+from plfl.tasks import TrainResult, Trains
+
+
+@dataclass
+class FedRepConfig(MethodConfig):
+    """FedRep's keys; τ_φ (the body epochs) is ``federation.local_epochs``."""
+
+    head_epochs: int = checked(
+        1,
+        lambda v: v >= 1,
+        "an integer >= 1",
+        "τ_h: epochs of head-only training, body frozen, before the body epochs "
+        "(PFLlib's plocal_epochs default; the paper used 10)",
+    )
 
 
 class FedRep(PartialSharing):
-    """FedAvg on the body; each client keeps its head and trains head, then body (Alg. 1)."""
+    """FedRep (Collins et al., ICML 2021): shared body, personal heads trained first.
+
+    FedAvg on the body; each client keeps its head and trains head, then body (Alg. 1).
+    """
 
     name = "fedrep"
+    config_class = FedRepConfig
 
     def __init__(self, config: FedRepConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        parameters = {name for name, _ in context.model.named_parameters()}
+        parameters = {name for name, _ in context.architecture.named_parameters()}
         self.head_parameters = parameters & self.local_keys
         self.body_parameters = parameters - self.local_keys
 
     def keep_local(self, model: nn.Module) -> frozenset[str]:
         return module_keys(model, lambda name, _: name == "head")
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(
+        self, client_id: int, params: Params, message: Optional[Params], round_: int
+    ) -> Trains[TrainResult]:
         """τ_h head epochs with the body frozen, then τ_φ body epochs with the head frozen; the
         reported loss is the sample-weighted mean over both."""
-        head = yield self.train_task(client_id, params, round_, HEAD_TRAINING,
-                                     epochs=self.config.head_epochs, trainable=self.head_parameters)
-        body = yield self.train_task(client_id, head.params, round_, LOCAL_TRAINING,
-                                     epochs=self.context.federation.local_epochs, trainable=self.body_parameters)
+        head = yield self.train_task(
+            client_id, params, round_, HEAD_TRAINING, epochs=self.config.head_epochs, trainable=self.head_parameters
+        )
+        body = yield self.train_task(
+            client_id,
+            head.params,
+            round_,
+            LOCAL_TRAINING,
+            epochs=self.context.federation.local_epochs,
+            trainable=self.body_parameters,
+        )
         samples = head.samples_seen + body.samples_seen
         loss = (head.loss * head.samples_seen + body.loss * body.samples_seen) / samples
         return TrainResult(body.params, loss, samples)

@@ -15,8 +15,12 @@ from typing import Optional
 import torch
 
 
-def descend(outputs: list[torch.Tensor], directions: list[torch.Tensor], optimizer: torch.optim.Optimizer,
-            max_grad_norm: Optional[float] = None) -> None:
+def descend(
+    outputs: list[torch.Tensor],
+    directions: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: Optional[float] = None,
+) -> None:
     """One ``optimizer`` step on its parameters ψ along (∂outputs/∂ψ)ᵀ · directions.
 
     Args:

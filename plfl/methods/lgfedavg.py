@@ -22,7 +22,10 @@ from plfl.methods.partial import PartialSharing, module_keys
 
 
 class LGFedAvg(PartialSharing):
-    """FedAvg on the head; every client keeps its body."""
+    """LG-FedAvg (Liang et al., 2020): local bodies, averaged head.
+
+    FedAvg on the head; every client keeps its body.
+    """
 
     name = "lgfedavg"
 

@@ -6,21 +6,25 @@ from typing import Optional
 
 from plfl.methods.base import Method
 from plfl.state import Params
+from plfl.tasks import TrainResult
 
 
 class Local(Method):
-    """Client i keeps training Θ_i; the server sends and receives nothing."""
+    """Local: every client trains its own model; nothing is sent.
+
+    Client i keeps training Θ_i; the server sends and receives nothing.
+    """
 
     name = "local"
 
-    def server_message(self, client_id: int) -> None:
+    def server_message(self, client_id: int, round_: int) -> None:
         return None
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
         # Before its first training every client starts from the same initial model.
         return self.store.get(client_id, "model") or self.global_params
 
-    def client_message(self, client_id, result) -> None:
+    def client_message(self, client_id: int, result: TrainResult, round_: int) -> None:
         return None
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:

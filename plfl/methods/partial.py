@@ -12,18 +12,21 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from plfl.client import TrainResult
-from plfl.methods.base import FederationContext
+from plfl.methods.base import FederationContext, MethodConfig
 from plfl.methods.fedavg import FedAvg
-from plfl.methods.schemas import MethodConfig
 from plfl.state import Params
+from plfl.tasks import TrainResult
 
 
 def module_keys(model: nn.Module, select: Callable[[str, nn.Module], bool]) -> frozenset[str]:
     """The ``state_dict`` keys (parameters and buffers) of the submodules of ``model`` for which
     ``select(name, module)`` holds, e.g. ``lambda name, _: name == "head"`` → {head.weight, head.bias}."""
-    return frozenset(f"{name}.{key}" for name, module in model.named_modules()
-                     if name and select(name, module) for key in module.state_dict())
+    return frozenset(
+        f"{name}.{key}"
+        for name, module in model.named_modules()
+        if name and select(name, module)
+        for key in module.state_dict()
+    )
 
 
 class PartialSharing(FedAvg):
@@ -33,11 +36,14 @@ class PartialSharing(FedAvg):
     receives, and the server replaces it by the sample-size weighted mean of the sampled clients'
     shared keys (FedAvg's rule, inherited ``aggregate``). A client's model is the received shared
     keys over its own local keys (``pre_local_init``); before its first round, the initial model's.
+    Its local keys are the local initialisation, so there is no ``method.ala``.
     """
+
+    config_class = MethodConfig
 
     def __init__(self, config: MethodConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        self.local_keys = self.keep_local(context.model)
+        self.local_keys = self.keep_local(context.architecture)
         self.initial_params = initial_params  # every client's local keys before its first round
         self.global_params = self.shared(initial_params)
 
@@ -54,6 +60,6 @@ class PartialSharing(FedAvg):
         own = self.store.get(client_id, "model") or self.initial_params
         return {k: message[k].clone() if k in message else v for k, v in own.items()}
 
-    def client_message(self, client_id: int, result: TrainResult) -> Params:
+    def client_message(self, client_id: int, result: TrainResult, round_: int) -> Params:
         """The trained model's shared keys."""
-        return self.shared(super().client_message(client_id, result))
+        return self.shared(super().client_message(client_id, result, round_))

@@ -2,7 +2,8 @@
 
 The clients learn a shared w that one gradient step adapts to each of them: the objective is
 F(w) = 1/n Σ_i f_i(w − α∇f_i(w)), with ∇F_i(w) = (I − α∇²f_i(w)) ∇f_i(w − α∇f_i(w)). Client
-(``local_train``, Algorithm 1): from the received global w, each step draws batches D, D′ (, D″),
+(``local_train``, Algorithm 1, the step task :class:`PerFedAvgStep`): from the received global w,
+each step draws batches D, D′ (, D″),
 takes the temporary step w̃ = w − α∇f_i(w; D), then
 
 - FO (Per-FedAvg (FO)): w ← w − β∇f_i(w̃; D′), the Hessian term dropped;
@@ -15,85 +16,171 @@ one loader batch of 2B samples (3B for HF; B = ``federation.batch_size``, plfl's
 split into D, D′ (, D″) of B each, and α = β = ``federation.lr`` by default.
 Departures: HF's Hessian-vector product is exact (double backward, the Hessian never formed),
 where the paper takes a gradient difference with a small δ; PFLlib has no HF. PFLlib drops the
-last short loader batch; here it is used while it holds a sample for each of D, D′ (, D″).
+last short loader batch; here it is used while it holds a sample for each of D, D′ (, D″), two
+with BatchNorm (:func:`plfl.batches.last_batch_minimum`).
 PFLlib's server calls each client's ``train()`` twice per round; ``federation.local_epochs=2``
 matches that.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call
+from torch.func import grad, grad_and_value
 
-from plfl.client import TrainResult, batch_loader
-from plfl.methods.base import FederationContext, require_plain_steps
+from plfl.fields import checked, one_of
+from plfl.methods.base import FederationContext, MethodConfig, require_plain_steps
 from plfl.methods.fedavg import FedAvg
-from plfl.methods.schemas import PerFedAvgConfig
-from plfl.seeding import ADAPTATION, LOCAL_TRAINING, derive_seed
+from plfl.seeding import ADAPTATION, LOCAL_TRAINING
 from plfl.state import Params
+from plfl.tasks import (
+    Batch,
+    Network,
+    Step,
+    StepOutput,
+    StepResult,
+    TrainResult,
+    Trains,
+    masked_cross_entropy,
+    sample_count,
+)
 
-Batch = tuple[torch.Tensor, torch.Tensor]
-Loss = Callable[[Params, torch.Tensor, torch.Tensor], torch.Tensor]  # f(w; (x, y)), a scalar
+# f(w; D) with the model's buffers: (w, buffers, D) → (the scalar loss, the buffers after the forward pass).
+Loss = Callable[[Params, Params, Batch], tuple[torch.Tensor, Params]]
 
 
-def gradient(value: torch.Tensor, params: Params, **options) -> Params:
-    """∂ value / ∂ params by reverse-mode autodiff (``torch.autograd.grad`` with ``options``)."""
-    return dict(zip(params, torch.autograd.grad(value, list(params.values()), **options)))
+@dataclass
+class PerFedAvgConfig(MethodConfig):
+    """Per-FedAvg's keys (Fallah et al., NeurIPS 2020, Algorithm 1 and Sec. 5). It evaluates a one-step
+    adapted model from its own ``pre_local_init``, so it takes no ``method.ala``."""
+
+    variant: str = one_of(
+        "fo",
+        ("fo", "hf"),
+        "fo: first-order step, Hessian term dropped; hf: with the exact Hessian-vector product on a third batch D''",
+    )
+    alpha: Optional[float] = checked(
+        None,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "α: step size of the temporary step and of the evaluated one-step "
+        "adaptation; null: federation.lr, as PFLlib (clientperavg.py)",
+    )
+    beta: Optional[float] = checked(
+        None,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "β: step size of the meta update; null: federation.lr, as PFLlib "
+        "(clientperavg.py sets beta to the local learning rate)",
+    )
 
 
-def leaves(params: Params) -> Params:
-    """Detached copies of ``params`` that record gradients."""
-    return {k: v.detach().requires_grad_() for k, v in params.items()}
-
-
-def hessian_vector_product(loss: Loss, params: Params, vector: Params, batch: Batch) -> Params:
+def hessian_vector_product(
+    loss: Loss, params: Params, buffers: Params, vector: Params, batch: Batch
+) -> tuple[Params, Params]:
     """∇²f(w; D″) v by double backward: the gradient of ⟨∇f(w; D″), v⟩; the Hessian is never formed.
 
     Args:
-        loss: f, twice differentiable in its params; params: w; vector: v, the same keys and shapes;
-        batch: D″ = (x, y).
+        loss: f, twice differentiable in its params; params: w; buffers: the model's; vector: v, the same keys
+            and shapes as w; batch: D″.
+
+    Returns:
+        the product (w's keys and shapes) and the buffers after the forward pass.
     """
-    w = leaves(params)
-    first = gradient(loss(w, *batch), w, create_graph=True)
-    return gradient(list(first.values()), w, grad_outputs=[vector[k] for k in w])
+
+    def directional(w: Params) -> tuple[torch.Tensor, Params]:
+        gradient, statistics = grad(loss, has_aux=True)(w, buffers, batch)
+        return sum((gradient[k] * vector[k]).sum() for k in gradient), statistics
+
+    return grad(directional, has_aux=True)(params)
 
 
-def meta_gradient(loss: Loss, params: Params, batches: list[Batch], alpha: float) -> tuple[Params, float]:
+def meta_gradient(
+    loss: Loss, params: Params, buffers: Params, batches: list[Batch], alpha: float
+) -> tuple[Params, torch.Tensor, Params]:
     """Per-FedAvg's stochastic gradient of F_i at w, and f(w; D).
 
     Args:
-        loss: f; params: w (name → tensor); alpha: α > 0.
+        loss: f; params: w (name → tensor); buffers: the model's, updated by each forward pass in turn;
+            alpha: α > 0.
         batches: [D, D′] for FO: ∇f(w̃; D′) with w̃ = w − α∇f(w; D); [D, D′, D″] for HF:
             (I − α∇²f(w; D″)) ∇f(w̃; D′).
 
     Returns:
-        (the gradient, same keys and shapes as ``params``; f(w; D)).
+        (the gradient, same keys and shapes as ``params``; f(w; D); the buffers after the last forward pass).
     """
-    (x, y), outer, *hessian = batches
-    w = leaves(params)
-    value = loss(w, x, y)
-    inner = gradient(value, w)
-    adapted = leaves({k: params[k] - alpha * inner[k] for k in params})
-    outer_gradient = gradient(loss(adapted, *outer), adapted)
+    first, outer, *hessian = batches
+    inner, (value, buffers) = grad_and_value(loss, has_aux=True)(params, buffers, first)
+    adapted = {k: params[k] - alpha * inner[k] for k in params}
+    outer_gradient, buffers = grad(loss, has_aux=True)(adapted, buffers, outer)
     if hessian:
-        product = hessian_vector_product(loss, params, outer_gradient, hessian[0])
+        product, buffers = hessian_vector_product(loss, params, buffers, outer_gradient, hessian[0])
         outer_gradient = {k: g - alpha * product[k] for k, g in outer_gradient.items()}
-    return outer_gradient, value.item()
+    return outer_gradient, value, buffers
 
 
-def cross_entropy(model: nn.Module, buffers: Params) -> Loss:
-    """f(w; (x, y)): ``model``'s mean cross-entropy with parameters w and the given buffers."""
-    return lambda params, x, y: F.cross_entropy(functional_call(model, {**params, **buffers}, (x,)), y)
+def cross_entropy(network: Network) -> Loss:
+    """f(w; D): the network's mean cross-entropy on D's real samples with parameters w and the given buffers."""
+
+    def loss(params: Params, buffers: Params, batch: Batch) -> tuple[torch.Tensor, Params]:
+        logits, statistics = network({**params, **buffers}, batch.x, batch.mask)
+        return masked_cross_entropy(logits, batch.y, batch.mask), statistics
+
+    return loss
+
+
+@dataclass(frozen=True)
+class PerFedAvgStep(Step):
+    """Algorithm 1 on one loader batch of ``len(parts)`` B samples, split into D, D′ (, D″) of ``sub_batch``
+    B each: w ← w − β · :func:`meta_gradient`. The state is w (the ``parameters``) and the model's buffers;
+    the loss returned is f(w; D), a mean over D."""
+
+    work = "Per-FedAvg's local steps"
+    parameters: tuple[str, ...]
+    alpha: float
+    beta: float
+    hf: bool
+    sub_batch: int
+
+    def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
+        masks = [None] * (3 if self.hf else 2) if batch.mask is None else batch.mask.split(self.sub_batch)
+        parts = [Batch(*part) for part in zip(batch.x.split(self.sub_batch), batch.y.split(self.sub_batch), masks)]
+        w = {k: state[k] for k in self.parameters}
+        buffers = {k: v for k, v in state.items() if k not in w}
+        gradient, value, buffers = meta_gradient(cross_entropy(network), w, buffers, parts, self.alpha)
+        return StepOutput(
+            {**buffers, **{k: v - self.beta * gradient[k] for k, v in w.items()}}, value, sample_count(parts[0])
+        )
+
+
+@dataclass(frozen=True)
+class AdaptationStep(Step):
+    """One gradient step of α on f(w; D): the evaluated model. The state is w (the ``parameters``) and the
+    model's buffers."""
+
+    work = "Per-FedAvg's adaptation"
+    parameters: tuple[str, ...]
+    alpha: float
+
+    def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
+        w = {k: state[k] for k in self.parameters}
+        buffers = {k: v for k, v in state.items() if k not in w}
+        gradient, (value, buffers) = grad_and_value(cross_entropy(network), has_aux=True)(w, buffers, batch)
+        return StepOutput(
+            {**buffers, **{k: v - self.alpha * gradient[k] for k, v in w.items()}}, value, sample_count(batch)
+        )
 
 
 class PerFedAvg(FedAvg):
-    """FedAvg's server; the clients take Per-FedAvg's steps and are evaluated one step adapted."""
+    """Per-FedAvg (Fallah et al., NeurIPS 2020): FedAvg of MAML steps, one-step adapted.
+
+    FedAvg's server; the clients take Per-FedAvg's steps and are evaluated one step adapted.
+    """
 
     name = "perfedavg"
+    config_class = PerFedAvgConfig
 
     def __init__(self, config: PerFedAvgConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
@@ -102,50 +189,22 @@ class PerFedAvg(FedAvg):
         self.alpha = lr if config.alpha is None else config.alpha
         self.beta = lr if config.beta is None else config.beta
         self.batches_per_step = 3 if config.variant == "hf" else 2
-        self.parameter_names = {name for name, _ in context.model.named_parameters()}
-        self.state_keys = list(initial_params)  # the state dict's order, kept in what is returned
+        self.parameter_names = tuple(name for name, _ in context.architecture.named_parameters())
 
-    def split(self, state: Params) -> tuple[Params, Params]:
-        """Fresh copies of (parameters, buffers) of a state dict (buffers change in place in train mode)."""
-        params = {k: v.clone() for k, v in state.items() if k in self.parameter_names}
-        return params, {k: v.clone() for k, v in state.items() if k not in self.parameter_names}
-
-    def join(self, params: Params, buffers: Params) -> Params:
-        return {k: params[k] if k in params else buffers[k] for k in self.state_keys}
-
-    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Trains[Params]:
         """The evaluated model: the received w after one step of α on one training batch of B samples
         (stream ADAPTATION)."""
-        data = self.context.data.clients[client_id]
-        seed = derive_seed(self.seed, round_, client_id, ADAPTATION)
-        x, y = next(iter(batch_loader(data.x_train, data.y_train, self.context.federation.batch_size, seed)))
-        params, buffers = self.split(message)
-        self.context.model.train()
-        w = leaves(params)
-        step = gradient(cross_entropy(self.context.model, buffers)(w, x, y), w)
-        return self.join({k: v - self.alpha * step[k] for k, v in params.items()}, buffers)
+        result: StepResult = yield self.step_task(
+            client_id, AdaptationStep(self.parameter_names, self.alpha), message, round_, ADAPTATION, steps=1
+        )
+        return {k: result.state[k] for k in message}
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
         """``federation.local_epochs`` passes of Per-FedAvg steps (Algorithm 1) from the received global
-        model, not from ``params`` (the evaluated, adapted one). The loss reported is f(w; D)."""
-        data, fed = self.context.data.clients[client_id], self.context.federation
-        weights, buffers = self.split(self.server_message(client_id))
-        loss = cross_entropy(self.context.model, buffers)
-        self.context.model.train()
-        k = self.batches_per_step
-        loader = batch_loader(data.x_train, data.y_train, k * fed.batch_size,
-                              derive_seed(self.seed, round_, client_id, LOCAL_TRAINING))
-        loss_sum, first_samples, seen = 0.0, 0, 0
-        for epoch in range(fed.local_epochs):
-            loader.sampler.set_epoch(epoch)
-            for x, y in loader:
-                batches = list(zip(x.split(fed.batch_size), y.split(fed.batch_size)))
-                if len(batches) < k:  # the last loader batch, too short for D, D′ (, D″)
-                    continue
-                step, value = meta_gradient(loss, weights, batches, self.alpha)
-                weights = {name: w - self.beta * step[name] for name, w in weights.items()}
-                loss_sum += value * len(batches[0][1])
-                first_samples += len(batches[0][1])
-                seen += len(y)
-        mean = loss_sum / first_samples if first_samples else float("nan")
-        return TrainResult(self.join(weights, buffers), mean, seen)
+        model (``message``), not from ``params`` (the evaluated, adapted one). The loss reported is f(w; D)."""
+        k, batch_size = self.batches_per_step, self.context.federation.batch_size
+        step = PerFedAvgStep(self.parameter_names, self.alpha, self.beta, k == 3, batch_size)
+        result: StepResult = yield self.step_task(
+            client_id, step, message, round_, LOCAL_TRAINING, batch_size=k * batch_size, sub_batches=k
+        )
+        return TrainResult({key: result.state[key] for key in message}, result.loss, result.samples_seen)

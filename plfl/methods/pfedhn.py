@@ -27,18 +27,56 @@ the round's first client, the one θ_i came from), as pFedLA's update does.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from plfl.client import TrainResult
-from plfl.executors import Trains
-from plfl.methods.base import FederationContext, Method
+from plfl.fields import checked
+from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.hypernetwork import descend
-from plfl.methods.schemas import PFedHNConfig
 from plfl.seeding import HYPERNETWORK_INIT, LOCAL_TRAINING, derive_seed
 from plfl.state import Params
+from plfl.tasks import TrainResult, Trains
+
+
+@dataclass
+class PFedHNConfig(MethodConfig):
+    """pFedHN's keys (Shamsian et al., ICML 2021, Alg. 1); PFLlib has no pFedHN: defaults from the authors'
+    code (AvivSham/pFedHN, experiments/pfedhn/trainer.py). The generated model is the client's local
+    initialisation, so there is no ``method.ala``."""
+
+    embedding_dim: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "null or an integer >= 1",
+        "size of each client's embedding v_i; null: int(1 + N/4), N clients (the authors' --embed-dim -1)",
+    )
+    hidden_dim: int = checked(
+        100, lambda v: v >= 1, "an integer >= 1", "width of the hypernetwork's MLP (the authors' --hyper-hid, 100)"
+    )
+    hidden_layers: int = checked(
+        3,
+        lambda v: v >= 0,
+        "an integer >= 0",
+        "(ReLU, Linear) blocks after the MLP's first Linear (the authors' --n-hidden, 3)",
+    )
+    hn_lr: float = checked(
+        0.01, lambda v: v > 0, "a number > 0", "SGD step size of φ and the embeddings (the authors' --lr, 0.01)"
+    )
+    hn_momentum: float = checked(
+        0.9, lambda v: 0 <= v < 1, "a number in [0, 1)", "momentum of that SGD (the authors' 0.9)"
+    )
+    hn_weight_decay: float = checked(
+        1e-3, lambda v: v >= 0, "a number >= 0", "weight decay of that SGD (the authors' --wd, 1e-3)"
+    )
+    max_grad_norm: Optional[float] = checked(
+        50.0,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "clip the hypernetwork's gradient to this 2-norm; null: no clipping (the authors' 50)",
+    )
 
 
 class HyperNetwork(nn.Module):
@@ -46,8 +84,9 @@ class HyperNetwork(nn.Module):
     → ``hidden_layers`` × (ReLU, Linear(hidden_dim, hidden_dim)) → Linear(hidden_dim, Σ numel),
     split into the tensors of ``shapes`` (name → shape)."""
 
-    def __init__(self, shapes: dict[str, torch.Size], num_clients: int, embedding_dim: int, hidden_dim: int,
-                 hidden_layers: int):
+    def __init__(
+        self, shapes: dict[str, torch.Size], num_clients: int, embedding_dim: int, hidden_dim: int, hidden_layers: int
+    ):
         super().__init__()
         self.shapes = shapes
         self.embeddings = nn.Embedding(num_clients, embedding_dim)
@@ -65,23 +104,32 @@ class HyperNetwork(nn.Module):
 
 
 class PFedHN(Method):
-    """Clients train the models a server hypernetwork generates; the hypernetwork learns from their changes."""
+    """pFedHN (Shamsian et al., ICML 2021): a server hypernetwork generates each client's model.
+
+    Clients train the models the hypernetwork generates; it learns from their changes.
+    """
 
     name = "pfedhn"
+    config_class = PFedHNConfig
 
     def __init__(self, config: PFedHNConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         num_clients = len(context.data.clients)
-        shapes = {name: p.shape for name, p in context.model.named_parameters()}
+        shapes = {name: p.shape for name, p in context.architecture.named_parameters()}
         embedding_dim = config.embedding_dim or int(1 + num_clients / 4)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, 0, -1, HYPERNETWORK_INIT))
-            self.hypernetwork = HyperNetwork(shapes, num_clients, embedding_dim, config.hidden_dim,
-                                             config.hidden_layers)
-        self.optimizer = torch.optim.SGD(self.hypernetwork.parameters(), lr=config.hn_lr,
-                                         momentum=config.hn_momentum, weight_decay=config.hn_weight_decay)
+            self.hypernetwork = HyperNetwork(
+                shapes, num_clients, embedding_dim, config.hidden_dim, config.hidden_layers
+            )
+        self.optimizer = torch.optim.SGD(
+            self.hypernetwork.parameters(),
+            lr=config.hn_lr,
+            momentum=config.hn_momentum,
+            weight_decay=config.hn_weight_decay,
+        )
 
-    def server_message(self, client_id: int) -> Params:
+    def server_message(self, client_id: int, round_: int) -> Params:
         """θ_i = h(v_i; φ), the model's parameters."""
         with torch.no_grad():
             return self.hypernetwork(client_id)
@@ -90,10 +138,13 @@ class PFedHN(Method):
         """θ_i over the client's buffers (the initial model's before its first training)."""
         return {**(self.store.get(client_id, "model") or self.global_params), **message}
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(
+        self, client_id: int, params: Params, message: Optional[Params], round_: int
+    ) -> Trains[TrainResult]:
         """``federation.local_epochs`` epochs from θ_i (``params``); the upload is Δθ_i = θ_i − θ̃_i."""
-        result = yield self.train_task(client_id, params, round_, LOCAL_TRAINING,
-                                       epochs=self.context.federation.local_epochs)
+        result = yield self.train_task(
+            client_id, params, round_, LOCAL_TRAINING, epochs=self.context.federation.local_epochs
+        )
         result.upload = {name: params[name] - result.params[name] for name in self.hypernetwork.shapes}
         return result
 
@@ -101,13 +152,17 @@ class PFedHN(Method):
         """One step of φ and v_j along (∂θ_j/∂(φ, v_j))ᵀ Δθ_j per upload j (Eq. 4)."""
         for client_id, delta in messages.items():
             generated = self.hypernetwork(client_id)
-            descend(list(generated.values()), [delta[name] for name in generated], self.optimizer,
-                    self.config.max_grad_norm)
+            descend(
+                list(generated.values()), [delta[name] for name in generated], self.optimizer, self.config.max_grad_norm
+            )
 
     def state_dict(self) -> dict[str, Any]:
         """Also the hypernetwork's φ and embeddings and the optimizer's momentum."""
-        return {**super().state_dict(), "hypernetwork": self.hypernetwork.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+        return {
+            **super().state_dict(),
+            "hypernetwork": self.hypernetwork.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)

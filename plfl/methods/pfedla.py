@@ -16,7 +16,7 @@ sends them. BatchNorm running statistics are never aggregated or sent.
 
 The paper's: the hypernetwork's structure, θ̄_i, the loss of Eq. 10–11 and
 its sign, HeurpFedLA's rule. plfl's choices, where the paper gives no value
-or its literal form does not learn (measured; README, "pFedLA"):
+or its literal form does not learn (measured; the fidelity notes, "pFedLA"):
 
 - The step: Adam (``method.hn_optimizer``, ``method.hn_lr`` 0.003). The
   paper gives neither optimiser nor step size. Plain SGD at 5e-3 (two
@@ -55,13 +55,65 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plfl.client import TrainResult
 from plfl.errors import ConfigError
-from plfl.methods.base import FederationContext, Method
+from plfl.fields import checked, one_of
+from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.hypernetwork import descend
-from plfl.methods.schemas import HeurpFedLAConfig, PFedLAConfig
 from plfl.seeding import HYPERNETWORK_INIT, derive_seed
 from plfl.state import Params
+from plfl.tasks import TrainResult
+
+
+@dataclass
+class PFedLAConfig(MethodConfig):
+    """pFedLA's keys (``method.*``); the hypernetwork's structure is the paper's."""
+
+    embedding_dim: int = checked(
+        100, lambda v: v >= 1, "an integer >= 1", "size of each client's embedding v_i, the hypernetwork's input"
+    )
+    hidden_dim: int = checked(
+        100, lambda v: v >= 1, "an integer >= 1", "width of the hypernetwork's three hidden layers"
+    )
+    hn_optimizer: str = one_of("adam", ("adam", "sgd"), "optimiser of v_i and ψ_i on Eq. 10–11's loss")
+    hn_lr: float = checked(0.003, lambda v: v > 0, "a number > 0", "β of Eq. 10–11: step size of v_i and ψ_i")
+    hn_weight_decay: float = checked(
+        100.0,
+        lambda v: v >= 0,
+        "a number >= 0",
+        "decoupled weight decay of the output heads: each step shrinks them by "
+        "hn_lr × hn_weight_decay (0.3), keeping the logits near logit_bound",
+    )
+    activation: str = one_of(
+        "softmax",
+        ("softmax", "relu"),
+        "α from the hypernetwork's outputs: softmax, or the paper's ReLU / row sum (Eq. 3)",
+    )
+    logit_bound: float = checked(
+        3.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "R: softmax of R·tanh(output / R), so no weight is below e^(-2R) (1/403) times the largest of its row",
+    )
+    granularity: str = one_of(
+        "module", ("module", "tensor"), "what one weight α_i^{l,j} covers: a module's parameters, or one tensor"
+    )
+    weights_every: int = checked(
+        10,
+        lambda v: v >= 1,
+        "an integer >= 1",
+        "write the weights α (tables/aggregation_weights.csv) every this many rounds",
+    )
+
+
+@dataclass
+class HeurpFedLAConfig(PFedLAConfig):
+    k: int = checked(
+        1,
+        lambda v: v >= 0,
+        "an integer >= 0",
+        "layers with the k largest self-weights stay local (Eq. 12); k = 0 is pFedLA",
+    )
+
 
 def layer_groups(model: nn.Module, granularity: str) -> dict[str, list[str]]:
     """Layer name → its parameter names, in ``named_parameters`` order.
@@ -91,17 +143,28 @@ class LayerWeightNet(nn.Module):
     outputs bounded to (−R, R) by R·tanh(·/R), R = ``logit_bound`` (see the module docstring).
     """
 
-    def __init__(self, client_id: int, num_clients: int, num_layers: int, embedding_dim: int, hidden_dim: int,
-                 activation: str = "softmax", logit_bound: float = 3.0):
+    def __init__(
+        self,
+        client_id: int,
+        num_clients: int,
+        num_layers: int,
+        embedding_dim: int,
+        hidden_dim: int,
+        activation: str = "softmax",
+        logit_bound: float = 3.0,
+    ):
         super().__init__()
         self.shape = (num_layers, num_clients)
         self.activation = activation
         self.logit_bound = logit_bound
         self.embedding = nn.Parameter(torch.randn(embedding_dim))  # v_i, N(0, 1) as nn.Embedding
         self.trunk = nn.Sequential(
-            nn.Linear(embedding_dim, hidden_dim), nn.ReLU(),
-            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
-            nn.Linear(hidden_dim, hidden_dim), nn.ReLU(),
+            nn.Linear(embedding_dim, hidden_dim),
+            nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim),
+            nn.ReLU(),
+            nn.Linear(hidden_dim, hidden_dim),
+            nn.ReLU(),
         )
         # The L heads as one Linear(hidden, L·N): its rows are independent.
         self.heads = nn.Linear(hidden_dim, num_layers * num_clients)
@@ -134,8 +197,10 @@ def normalized(outputs: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
 
 def hypernetwork_optimizer(hypernetwork: LayerWeightNet, config: PFedLAConfig) -> torch.optim.Optimizer:
     """Adam (decoupled weight decay: AdamW) or SGD over v_i and ψ_i; only the heads decay (``hn_weight_decay``)."""
-    groups = [{"params": [hypernetwork.embedding, *hypernetwork.trunk.parameters()], "weight_decay": 0.0},
-              {"params": list(hypernetwork.heads.parameters()), "weight_decay": config.hn_weight_decay}]
+    groups = [
+        {"params": [hypernetwork.embedding, *hypernetwork.trunk.parameters()], "weight_decay": 0.0},
+        {"params": list(hypernetwork.heads.parameters()), "weight_decay": config.hn_weight_decay},
+    ]
     optimizer = torch.optim.AdamW if config.hn_optimizer == "adam" else torch.optim.SGD  # SGD: L2 = decoupled
     return optimizer(groups, lr=config.hn_lr)
 
@@ -153,22 +218,34 @@ class Broadcast:
 
 
 class PFedLA(Method):
-    """Layer-wise personalized aggregation, weights learned by per-client hypernetworks (Alg. 1)."""
+    """pFedLA (Ma et al., CVPR 2022): layer-wise aggregation weights from hypernetworks.
+
+    Layer-wise personalized aggregation, weights learned by per-client hypernetworks (Alg. 1).
+    """
 
     name = "pfedla"
+    config_class = PFedLAConfig
 
     def __init__(self, config: PFedLAConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        self.layers = layer_groups(context.model, config.granularity)
+        self.layers = layer_groups(context.architecture, config.granularity)
         num_clients = len(context.data.clients)
         # Every client's latest trained θ_j, initially the initial model; replaced, never mutated, each round.
-        self.thetas = {key: torch.stack([initial_params[key]] * num_clients)
-                       for keys in self.layers.values() for key in keys}
+        self.thetas = {
+            key: torch.stack([initial_params[key]] * num_clients) for keys in self.layers.values() for key in keys
+        }
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(derive_seed(self.seed, 0, -1, HYPERNETWORK_INIT))
             self.hypernetworks = [
-                LayerWeightNet(i, num_clients, len(self.layers), config.embedding_dim, config.hidden_dim,
-                               config.activation, config.logit_bound)
+                LayerWeightNet(
+                    i,
+                    num_clients,
+                    len(self.layers),
+                    config.embedding_dim,
+                    config.hidden_dim,
+                    config.activation,
+                    config.logit_bound,
+                )
                 for i in range(num_clients)
             ]
         self.optimizers = [hypernetwork_optimizer(hn, config) for hn in self.hypernetworks]
@@ -179,21 +256,25 @@ class PFedLA(Method):
         """Layers client ``client_id`` keeps local, given its α (L, N); pFedLA: none."""
         return frozenset()
 
-    def server_message(self, client_id: int) -> Params:
+    def server_message(self, client_id: int, round_: int) -> Params:
         """θ̄_i (Eq. 5–6) for every layer not retained; buffers are not sent."""
         with torch.no_grad():
             alpha = self.hypernetworks[client_id]()
         retained = self.retained_layers(client_id, alpha)
         self.sent[client_id] = Broadcast(self.thetas, alpha, retained, self.trained_any)
-        return {key: mix(alpha[l], self.thetas[key])
-                for l, (layer, keys) in enumerate(self.layers.items()) if layer not in retained for key in keys}
+        return {
+            key: mix(alpha[index], self.thetas[key])
+            for index, (layer, keys) in enumerate(self.layers.items())
+            if layer not in retained
+            for key in keys
+        }
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """The client's state with the received layers replaced: buffers and retained layers stay local."""
         local = self.store.get(client_id, "model") or self.global_params
         return {**local, **message}
 
-    def client_message(self, client_id: int, result: TrainResult) -> Params:
+    def client_message(self, client_id: int, result: TrainResult, round_: int) -> Params:
         """θ_i^new: the trained parameters, all layers (others aggregate the retained ones too), no buffers."""
         return {key: result.params[key] for key in self.thetas}
 
@@ -201,8 +282,10 @@ class PFedLA(Method):
         for client_id, trained in messages.items():
             self.update_hypernetwork(client_id, trained)
         # New tensors: the broadcasts so far keep referring to the old θ's.
-        self.thetas = {key: torch.stack([messages[j][key] if j in messages else old for j, old in enumerate(stacked)])
-                       for key, stacked in self.thetas.items()}
+        self.thetas = {
+            key: torch.stack([messages[j][key] if j in messages else old for j, old in enumerate(stacked)])
+            for key, stacked in self.thetas.items()
+        }
         self.trained_any = self.trained_any or bool(messages)
 
     def state_dict(self) -> dict[str, Any]:
@@ -211,22 +294,31 @@ class PFedLA(Method):
         A broadcast is saved without its θ snapshot: at a round's end (when
         checkpoints are taken) every client's was just sent from the current θ.
         """
-        return {**super().state_dict(), "thetas": self.thetas, "trained_any": self.trained_any,
-                "hypernetworks": [hn.state_dict() for hn in self.hypernetworks],
-                "optimizers": [opt.state_dict() for opt in self.optimizers],
-                "sent": [None if b is None else {"alpha": b.alpha, "retained": sorted(b.retained),
-                                                 "informative": b.informative} for b in self.sent]}
+        return {
+            **super().state_dict(),
+            "thetas": self.thetas,
+            "trained_any": self.trained_any,
+            "hypernetworks": [hn.state_dict() for hn in self.hypernetworks],
+            "optimizers": [opt.state_dict() for opt in self.optimizers],
+            "sent": [
+                None if b is None else {"alpha": b.alpha, "retained": sorted(b.retained), "informative": b.informative}
+                for b in self.sent
+            ],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.thetas = state["thetas"]
         self.trained_any = state["trained_any"]
         for hypernetwork, optimizer, hn_state, opt_state in zip(
-                self.hypernetworks, self.optimizers, state["hypernetworks"], state["optimizers"]):
+            self.hypernetworks, self.optimizers, state["hypernetworks"], state["optimizers"]
+        ):
             hypernetwork.load_state_dict(hn_state)
             optimizer.load_state_dict(opt_state)
-        self.sent = [None if b is None else Broadcast(self.thetas, b["alpha"], frozenset(b["retained"]),
-                                                      b["informative"]) for b in state["sent"]]
+        self.sent = [
+            None if b is None else Broadcast(self.thetas, b["alpha"], frozenset(b["retained"]), b["informative"])
+            for b in state["sent"]
+        ]
 
     def update_hypernetwork(self, client_id: int, trained: Params) -> None:
         """One optimiser step of v_i, ψ_i on ½‖θ̄_i − θ_i^new‖² (Eq. 10–11).
@@ -240,9 +332,9 @@ class PFedLA(Method):
             return
         alpha = hypernetwork()
         mixed, targets = [], []
-        for l, (layer, keys) in enumerate(self.layers.items()):
+        for index, (layer, keys) in enumerate(self.layers.items()):
             if layer not in sent.retained:
-                mixed += [mix(alpha[l], sent.thetas[key]) for key in keys]
+                mixed += [mix(alpha[index], sent.thetas[key]) for key in keys]
                 targets += [trained[key] for key in keys]
         if not mixed:
             return
@@ -253,7 +345,7 @@ class PFedLA(Method):
         """α of this round's broadcast, (N clients i, L layers, N clients j)."""
         return torch.stack([sent.alpha for sent in self.sent])
 
-    def round_metrics(self) -> dict[str, float]:
+    def round_metrics(self, round_: int) -> dict[str, float]:
         """``self_weight_mean``: mean of α_i^{l,i} over clients i and layers l."""
         return {"self_weight_mean": self.weights().diagonal(dim1=0, dim2=2).mean().item()}
 
@@ -263,17 +355,21 @@ class PFedLA(Method):
             return {}
         rows = []
         for i, sent in enumerate(self.sent):
-            for l, layer in enumerate(self.layers):
+            for index, layer in enumerate(self.layers):
                 row = {"client": i, "layer": layer, "retained": layer in sent.retained}
-                row.update({f"w{j}": w for j, w in enumerate(sent.alpha[l].tolist())})
+                row.update({f"w{j}": w for j, w in enumerate(sent.alpha[index].tolist())})
                 rows.append(row)
         return {"aggregation_weights": rows}
 
 
 class HeurpFedLA(PFedLA):
-    """pFedLA whose clients keep their k layers with the largest self-weights α_i^{l,i} local (Alg. 2, Eq. 12)."""
+    """HeurpFedLA (Ma et al., CVPR 2022): pFedLA keeping k layers local.
+
+    pFedLA whose clients keep their k layers with the largest self-weights α_i^{l,i} local (Alg. 2, Eq. 12).
+    """
 
     name = "heurpfedla"
+    config_class = HeurpFedLAConfig
 
     def __init__(self, config: HeurpFedLAConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
@@ -285,10 +381,10 @@ class HeurpFedLA(PFedLA):
 
     def retained_layers(self, client_id: int, alpha: torch.Tensor) -> frozenset[str]:
         names = list(self.layers)
-        return frozenset(names[l] for l in torch.topk(alpha[:, client_id], self.config.k).indices.tolist())
+        return frozenset(names[i] for i in torch.topk(alpha[:, client_id], self.config.k).indices.tolist())
 
-    def round_metrics(self) -> dict[str, float]:
+    def round_metrics(self, round_: int) -> dict[str, float]:
         """Also ``retained_params_mean``: scalars each client keeps local, mean over clients."""
         sizes = {layer: sum(self.thetas[key][0].numel() for key in keys) for layer, keys in self.layers.items()}
         retained = [sum(sizes[layer] for layer in sent.retained) for sent in self.sent]
-        return {**super().round_metrics(), "retained_params_mean": sum(retained) / len(retained)}
+        return {**super().round_metrics(round_), "retained_params_mean": sum(retained) / len(retained)}

@@ -3,7 +3,7 @@
 Client i's objective is the Moreau envelope F_i(w) = min_θ f_i(θ) + λ/2 ‖θ − w‖² of its loss f_i;
 the minimiser θ̂_i(w) is its personalized model. Alg. 1, per round, a sampled client
 starts its local w and θ from the received global Θ and, per mini-batch D of
-``federation.local_epochs`` epochs (``local_train``):
+``federation.local_epochs`` epochs (``local_train``, the step task :class:`PFedMeStep`):
 
 - θ ≈ argmin_θ f_i(θ; D) + λ/2 ‖θ − w‖² by K gradient steps
   θ ← θ − lr_p (∇f_i(θ; D) + λ (θ − w)) (``inner_solution``; K = ``method.k``,
@@ -12,9 +12,9 @@ starts its local w and θ from the received global Θ and, per mini-batch D of
 
 Server (``aggregate``): Θ ← (1 − β) Θ + β Θ̄, Θ̄ the uploads' mean (``beta_mix``; β = ``method.beta``).
 The client keeps and evaluates its last θ (``pre_local_init``); the global Θ is evaluated on all
-clients' test data. Batches come from the same shuffling as every method's local training
-(stream LOCAL_TRAINING); the loop is functional (torch.func), on the CPU, with plain gradient
-steps, so ``federation.momentum`` must be 0. The reported loss is f_i(θ; D) averaged over all
+clients' test data. Batches come from the one batch order of every method's local training
+(stream LOCAL_TRAINING); the steps are functional (torch.func) plain gradient steps, so
+``federation.momentum`` must be 0. The reported loss is f_i(θ; D) averaged over all
 inner steps; BatchNorm statistics, if any, follow the inner steps and go with both θ and w.
 Departures: Θ̄ is the sample-weighted mean, as PFLlib computes it (Alg. 1: the
 plain mean); PFLlib's inner step adds a weight decay 0.001·θ that the paper lacks, left out here;
@@ -24,36 +24,71 @@ model share tensors), while plfl evaluates θ, as the paper does.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad_and_value
+from torch.func import grad_and_value
 
-from plfl.client import TrainResult, batch_loader
-from plfl.methods.base import FederationContext, require_plain_steps
+from plfl.fields import checked
+from plfl.methods.base import FederationContext, MethodConfig, require_plain_steps
 from plfl.methods.fedavg import FedAvg
-from plfl.methods.schemas import PFedMeConfig
-from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
+from plfl.tasks import (
+    Batch,
+    Network,
+    Step,
+    StepOutput,
+    StepResult,
+    TrainResult,
+    Trains,
+    masked_cross_entropy,
+    sample_count,
+)
 
-# θ → (∇_θ f(θ; D), f(θ; D)) on one mini-batch D.
-GradFn = Callable[[Params], tuple[Params, torch.Tensor]]
+# (θ, buffers) → (∇_θ f(θ; D), f(θ; D), the buffers after the forward pass) on one mini-batch D.
+GradFn = Callable[[Params, Params], tuple[Params, torch.Tensor, Params]]
 
 
-def inner_solution(grad_fn: GradFn, theta: Params, w: Params, lam: float, lr: float,
-                   steps: int) -> tuple[Params, float]:
+@dataclass
+class PFedMeConfig(MethodConfig):
+    """pFedMe's keys (Dinh et al., NeurIPS 2020, Alg. 1); η of the local update is ``federation.lr``.
+    The kept personalized model is pFedMe's local initialisation, so there is no ``method.ala``."""
+
+    lam: float = checked(
+        1.0, lambda v: v > 0, "a number > 0", "λ: weight of λ/2‖θ − w‖² in the Moreau envelope (PFLlib's lamda, 1.0)"
+    )
+    k: int = checked(
+        5, lambda v: v >= 1, "an integer >= 1", "K: gradient steps on each mini-batch's inner problem (PFLlib's K, 5)"
+    )
+    personal_lr: float = checked(
+        0.01, lambda v: v > 0, "a number > 0", "step size of the K inner steps (PFLlib's p_learning_rate, 0.01)"
+    )
+    beta: float = checked(
+        1.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "β: the server moves Θ ← (1 − β) Θ + β · mean of the uploads; 1 = FedAvg's average "
+        "(PFLlib's shared -bt default 0 would never move Θ)",
+    )
+
+
+def inner_solution(
+    grad_fn: GradFn, theta: Params, w: Params, buffers: Params, lam: float, lr: float, steps: int
+) -> tuple[Params, torch.Tensor, Params]:
     """``steps`` (K) gradient steps θ ← θ − lr (∇f(θ) + λ (θ − w)) on f(θ) + λ/2 ‖θ − w‖².
 
     Returns:
-        the new θ (same keys as ``theta``) and the mean of f over the steps (at each step's start).
+        the new θ (same keys as ``theta``), the mean of f over the steps (at each step's start; a float64
+        0-dim tensor), and the buffers after the last step's forward pass.
     """
-    total = 0.0
+    total = torch.zeros((), dtype=torch.float64)
     for _ in range(steps):
-        grads, loss = grad_fn(theta)
+        grads, loss, buffers = grad_fn(theta, buffers)
         theta = {k: t - lr * (grads[k] + lam * (t - w[k])) for k, t in theta.items()}
-        total += float(loss)
-    return theta, total / steps
+        total = total + loss.double()
+    return theta, total / steps, buffers
 
 
 def local_update(w: Params, theta: Params, lam: float, lr: float) -> Params:
@@ -66,53 +101,80 @@ def beta_mix(previous: Params, average: Params, beta: float) -> Params:
     return {k: (1 - beta) * previous[k] + beta * v if v.is_floating_point() else v for k, v in average.items()}
 
 
+@dataclass(frozen=True)
+class PFedMeStep(Step):
+    """Alg. 1 on one mini-batch: K inner steps for θ (:func:`inner_solution`), then one step of w
+    (:func:`local_update`). The state holds θ and w (``theta/<name>``, ``w/<name>`` for the ``parameters``)
+    and the model's buffers, which follow the inner steps and go with both; the loss returned is f(θ; D)
+    averaged over the inner steps."""
+
+    work = "pFedMe's local steps"
+    parameters: tuple[str, ...]
+    lam: float
+    k: int
+    personal_lr: float
+    lr: float
+
+    def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
+        def loss(theta: Params, buffers: Params) -> tuple[torch.Tensor, Params]:
+            logits, statistics = network({**buffers, **theta}, batch.x, batch.mask)
+            return masked_cross_entropy(logits, batch.y, batch.mask), statistics
+
+        def grad_fn(theta: Params, buffers: Params) -> tuple[Params, torch.Tensor, Params]:
+            grads, (value, statistics) = grad_and_value(loss, has_aux=True)(theta, buffers)
+            return grads, value, statistics
+
+        theta, w = ({k: state[f"{part}/{k}"] for k in self.parameters} for part in ("theta", "w"))
+        buffers = {k: v for k, v in state.items() if "/" not in k}
+        theta, mean, buffers = inner_solution(grad_fn, theta, w, buffers, self.lam, self.personal_lr, self.k)
+        w = local_update(w, theta, self.lam, self.lr)
+        return StepOutput({**buffers, **prefixed(theta, "theta"), **prefixed(w, "w")}, mean, sample_count(batch))
+
+
+def prefixed(params: Params, part: str) -> Params:
+    """``params`` under the names ``<part>/<name>``."""
+    return {f"{part}/{k}": v for k, v in params.items()}
+
+
+def model_of(state: Params, part: str, keys: list[str]) -> Params:
+    """The model ``part`` (``theta`` or ``w``) of a :class:`PFedMeStep` state: its parameters and the buffers,
+    in the order of ``keys``."""
+    return {k: state.get(f"{part}/{k}", state.get(k)) for k in keys}
+
+
 class PFedMe(FedAvg):
-    """Clients upload w after Alg. 1's bi-level updates and keep θ; the server mixes by β."""
+    """pFedMe (Dinh et al., NeurIPS 2020): personalized models from Moreau envelopes.
+
+    Clients upload w after Alg. 1's bi-level updates and keep θ; the server mixes by β.
+    """
 
     name = "pfedme"
+    config_class = PFedMeConfig
 
     def __init__(self, config: PFedMeConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         require_plain_steps("pfedme", context, "θ and w (Alg. 1)")
-        model = context.model
-        self.parameter_names = [name for name, _ in model.named_parameters()]
-
-        def loss(theta: Params, buffers: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(functional_call(model, {**buffers, **theta}, (x,)), y)
-
-        self.loss_grad = grad_and_value(loss)
+        self.parameter_names = tuple(name for name, _ in context.architecture.named_parameters())
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """The client's own θ; before its first training, the received global model."""
         return self.store.get(client_id, "model") or {k: v.clone() for k, v in message.items()}
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> TrainResult:
-        """Alg. 1's client: from w = θ = Θ, per mini-batch K inner steps for θ, then one step of w."""
-        cfg, federation = self.config, self.context.federation
-        received = self.server_message(client_id)  # Θ: unchanged since this round's broadcast
-        # Copied: BatchNorm updates its statistics in place, which must not reach the global model.
-        buffers = {k: v.clone() for k, v in received.items() if k not in self.parameter_names}
-        w = {k: received[k] for k in self.parameter_names}
-        theta = w
-        data = self.context.data.clients[client_id]
-        loader = batch_loader(data.x_train, data.y_train, federation.batch_size,
-                              derive_seed(self.seed, round_, client_id, LOCAL_TRAINING))
-        self.context.model.train()
-        loss_sum, seen = 0.0, 0
-        for epoch in range(federation.local_epochs):
-            loader.sampler.set_epoch(epoch)  # the epoch's batch order, as Lightning asks for it
-            for x, y in loader:
-                theta, loss = inner_solution(lambda t: self.loss_grad(t, buffers, x, y), theta, w,
-                                             cfg.lam, cfg.personal_lr, cfg.k)
-                w = local_update(w, theta, cfg.lam, federation.lr)
-                loss_sum, seen = loss_sum + loss * len(y), seen + len(y)
-        state = lambda new: {k: new[k] if k in new else buffers[k] for k in received}  # noqa: E731  in order
-        return TrainResult(state(theta), loss_sum / seen, seen, upload=state(w))
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+        """Alg. 1's client: from w = θ = Θ (``message``), per mini-batch K inner steps for θ, then one step of w."""
+        cfg = self.config
+        step = PFedMeStep(self.parameter_names, cfg.lam, cfg.k, cfg.personal_lr, self.context.federation.lr)
+        start = {k: message[k] for k in self.parameter_names}
+        buffers = {k: v for k, v in message.items() if k not in start}
+        state = {**buffers, **prefixed(start, "theta"), **prefixed(start, "w")}
+        result: StepResult = yield self.step_task(client_id, step, state, round_, LOCAL_TRAINING)
+        theta, w = (model_of(result.state, part, list(message)) for part in ("theta", "w"))
+        return TrainResult(theta, result.loss, result.samples_seen, upload=w)
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         previous = self.global_params
         super().aggregate(messages, round_)  # self.global_params = Θ̄
         self.global_params = beta_mix(previous, self.global_params, self.config.beta)
 
-    def global_model(self) -> Params:
+    def global_model(self, round_: int) -> Params:
         return self.global_params

@@ -1,7 +1,6 @@
 """Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware personalized federated learning.
 
-"Self-Aware Personalized Federated Learning", Sections 2–3 and Algorithm 1,
-with the formulas as pinned down in ``papers/METHODS.md`` ("Self-FL"). The
+"Self-Aware Personalized Federated Learning", arXiv:2204.08069, Sections 2–3 and Algorithm 1. The
 paper's two-level Gaussian model (Eq. 1): θ_m ~ N(θ_0, σ_0²) across clients,
 client m's local optimum z_m ~ N(θ_m, σ_m²). Precision weights
 w_m = (σ_0² + σ_m²)⁻¹ and W = Σ_m w_m drive three rules: the leave-one-out
@@ -19,24 +18,45 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
-from plfl.client import TrainResult
 from plfl.errors import ConfigError
-from plfl.executors import Trains
-from plfl.methods.base import FederationContext, Method
+from plfl.fields import checked, one_of
+from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.fedavg import weighted_average
-from plfl.methods.schemas import SelfFLConfig
 from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
+from plfl.tasks import TrainResult, Trains
 
 # Scalars riding along with the models, as 0-dim float64 tensors (bytes are counted).
 SIGMA_SQ = "selffl/sigma_sq"  # upload: σ_m² (NaN while the client has fewer than two uploads)
 SIGMA0_SQ = "selffl/sigma0_sq"  # download: σ_0² (NaN until known)
 TOTAL_WEIGHT = "selffl/total_weight"  # download: W = Σ_m w_m (NaN until known)
 SCALARS = (SIGMA_SQ, SIGMA0_SQ, TOTAL_WEIGHT)
+
+
+@dataclass
+class SelfFLConfig(MethodConfig):
+    """Self-FL's keys; the local learning rate η of Eq. 8 is ``federation.lr``."""
+
+    init: str = one_of(
+        "loo",
+        ("loo", "global"),
+        "start of local training: loo = global model without the client's share (Eq. 10), global = ablation",
+    )
+    l_min: int = checked(1, lambda v: v >= 1, "an integer >= 1", "lower clip of the local SGD steps l_m (Eq. 8)")
+    l_max: int = checked(
+        40, lambda v: v >= 1, "an integer >= 1", "upper clip of the local SGD steps l_m (paper: 40, Sec. 4.2)"
+    )
+    warmup_rounds: int = checked(
+        2, lambda v: v >= 0, "an integer >= 0", "rounds of plain FedAvg before Self-FL's rules"
+    )
+    eps: float = checked(
+        1e-10, lambda v: v > 0, "a number > 0", "floor of σ_m² and σ_0², so that the precisions stay finite"
+    )
 
 
 # ---- The math (pure functions; scalars are Python floats, models are Params) ----
@@ -62,8 +82,10 @@ def leave_one_out(weight: float, total_weight: float) -> tuple[float, float]:
 def loo_init(global_params: Params, personal: Params, share: float) -> Params:
     """INIT_m = (Θ^{t-1} − w̃_m Θ_m^{t-1}) / (1 − w̃_m): the global model with client m's
     share w̃_m ∈ [0, 1) removed (Self-FL, Eq. 9–10). Integer buffers come from the global model."""
-    return {k: (g - share * personal[k]) / (1 - share) if g.is_floating_point() else g.clone()
-            for k, g in global_params.items()}
+    return {
+        k: (g - share * personal[k]) / (1 - share) if g.is_floating_point() else g.clone()
+        for k, g in global_params.items()
+    }
 
 
 def local_steps(sigma_sq: float, sigma0_sq: float, loo_variance: float, lr: float) -> int:
@@ -79,8 +101,7 @@ def local_steps(sigma_sq: float, sigma0_sq: float, loo_variance: float, lr: floa
     return max(math.ceil(math.log(ratio) / math.log(1 - lr) - 1e-9), 1)
 
 
-def welford_update(count: int, mean: Optional[Params], m2: Optional[Params],
-                   x: Params) -> tuple[int, Params, Params]:
+def welford_update(count: int, mean: Optional[Params], m2: Optional[Params], x: Params) -> tuple[int, Params, Params]:
     """One more observation ``x`` in per-coordinate running statistics (Welford; Self-FL, Eq. 13–14, App. E).
 
     ``mean`` and ``m2`` (sum of squared deviations) are shaped like ``x``'s
@@ -135,7 +156,9 @@ def known(value: torch.Tensor) -> Optional[float]:
 
 
 class SelfFL(Method):
-    """Self-FL: leave-one-out initialisation, variance-driven local steps and aggregation.
+    """Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware init, steps and aggregation.
+
+    Leave-one-out initialisation, variance-driven local steps and aggregation.
 
     Client m in round t (``local_train``): from what it received last
     (Θ^{t-1}, σ_0², W) and its own σ_m², w_m = (σ_0² + σ_m²)⁻¹, w̃_m = w_m / W,
@@ -163,19 +186,21 @@ class SelfFL(Method):
 
     Evaluated model: the client's personalized model, its latest trained Θ_m
     (the paper's Fig. 3); ``pre_local_init`` returns it (Θ^{t-1} for a client
-    that never trained) and keeps the received message, from which
-    ``local_train`` computes INIT_m. The global model Θ^t is evaluated on the
-    union of the test splits.
+    that never trained); ``local_train`` computes INIT_m from the message the
+    client received. The global model Θ^t is evaluated on the union of the
+    test splits.
     """
 
     name = "selffl"
+    config_class = SelfFLConfig
     server_state = ("global_params", "sigma0_sq", "sigma_sq", "total_weight", "trained")
 
     def __init__(self, config: SelfFLConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         if not 0 < context.federation.lr < 1:
-            raise ConfigError("Self-FL's step rule (Eq. 8) needs federation.lr in (0, 1); "
-                              f"got {context.federation.lr}.")
+            raise ConfigError(
+                f"Self-FL's step rule (Eq. 8) needs federation.lr in (0, 1); got {context.federation.lr}."
+            )
         if config.l_min > config.l_max:
             raise ConfigError(f"method.l_min ({config.l_min}) must not exceed method.l_max ({config.l_max}).")
         self.sigma0_sq: Optional[float] = None
@@ -185,33 +210,34 @@ class SelfFL(Method):
 
     # ---- client side ----
 
-    def server_message(self, client_id: int) -> Params:
+    def server_message(self, client_id: int, round_: int) -> Params:
         """Θ^{t-1} with the two scalars σ_0² and W (what is sent, and so counted)."""
-        return {**self.global_params, SIGMA0_SQ: scalar(self.sigma0_sq),
-                TOTAL_WEIGHT: scalar(self.total_weight)}
+        return {**self.global_params, SIGMA0_SQ: scalar(self.sigma0_sq), TOTAL_WEIGHT: scalar(self.total_weight)}
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
-        """Keep the message for the next training; the client's model stays its personal Θ_m."""
-        self.store.set(client_id, "selffl_received", message)
+        """The client's personal Θ_m (the received Θ^{t-1} before its first training)."""
         if self.store.get(client_id, "selffl_count", 0) == 0:
             return {k: v.clone() for k, v in message.items() if k not in SCALARS}
         return self.store.get(client_id, "model")
 
-    def local_train(self, client_id: int, params: Params, round_: int) -> Trains[TrainResult]:
-        """l_m SGD steps from INIT_m (FedAvg's epochs from Θ^{t-1} in the warm-up), then update σ_m²."""
-        received = self.store.get(client_id, "selffl_received")
-        global_params = {k: v for k, v in received.items() if k not in SCALARS}
-        plan = self.plan(client_id, received, round_)
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+        """l_m SGD steps from INIT_m (FedAvg's epochs from Θ^{t-1} in the warm-up), then update σ_m²;
+        ``message``: Θ^{t-1}, σ_0² and W as received."""
+        global_params = {k: v for k, v in message.items() if k not in SCALARS}
+        plan = self.plan(client_id, message, round_)
         if plan is None:
-            result = yield from super().local_train(client_id, global_params, round_)
+            result = yield from super().local_train(client_id, global_params, message, round_)
         else:
             share, rule_steps = plan
             start = loo_init(global_params, params, share) if self.config.init == "loo" else global_params
             result = yield self.train_task(client_id, start, round_, LOCAL_TRAINING, steps=self.clipped(rule_steps))
         self.store.set(client_id, "selffl_rule_steps", None if plan is None else plan[1])
-        count, mean, m2 = welford_update(self.store.get(client_id, "selffl_count", 0),
-                                         self.store.get(client_id, "selffl_mean"),
-                                         self.store.get(client_id, "selffl_m2"), result.params)
+        count, mean, m2 = welford_update(
+            self.store.get(client_id, "selffl_count", 0),
+            self.store.get(client_id, "selffl_mean"),
+            self.store.get(client_id, "selffl_m2"),
+            result.params,
+        )
         self.store.set(client_id, "selffl_count", count)
         self.store.set(client_id, "selffl_mean", mean)
         self.store.set(client_id, "selffl_m2", m2)
@@ -235,7 +261,7 @@ class SelfFL(Method):
         share, loo_variance = leave_one_out(weight, total_weight)
         return share, local_steps(sigma_sq, sigma0_sq, loo_variance, self.context.federation.lr)
 
-    def client_message(self, client_id: int, result: TrainResult) -> Params:
+    def client_message(self, client_id: int, result: TrainResult, round_: int) -> Params:
         return {**result.params, SIGMA_SQ: scalar(self.store.get(client_id, "selffl_sigma_sq"))}
 
     # ---- server side ----
@@ -265,10 +291,10 @@ class SelfFL(Method):
         mean = sum(self.sigma_sq.values()) / len(self.sigma_sq)
         return [precision_weight(self.sigma0_sq, self.sigma_sq.get(i, mean)) for i in range(len(self.store))]
 
-    def global_model(self) -> Params:
+    def global_model(self, round_: int) -> Params:
         return self.global_params
 
-    def round_metrics(self) -> dict[str, float]:
+    def round_metrics(self, round_: int) -> dict[str, float]:
         """σ_0², the trained clients' mean σ_m², their mean l_m as trained, and the median of Eq. 8's l_m
         before the clip (``selffl_rule_steps_median``: above ``method.l_max`` when the cap binds)."""
         metrics = {} if self.sigma0_sq is None else {"selffl_sigma0_sq": self.sigma0_sq}
@@ -289,8 +315,13 @@ class SelfFL(Method):
         rows = []
         for i in self.trained:
             rule_steps = self.store.get(i, "selffl_rule_steps")
-            rows.append({"client": i, "uploads": self.store.get(i, "selffl_count"),
-                         "sigma_sq": self.store.get(i, "selffl_sigma_sq"),
-                         "local_steps": None if rule_steps is None else self.clipped(rule_steps),
-                         "rule_steps": rule_steps})
+            rows.append(
+                {
+                    "client": i,
+                    "uploads": self.store.get(i, "selffl_count"),
+                    "sigma_sq": self.store.get(i, "selffl_sigma_sq"),
+                    "local_steps": None if rule_steps is None else self.clipped(rule_steps),
+                    "rule_steps": rule_steps,
+                }
+            )
         return {"selffl_clients": rows}

@@ -1,5 +1,5 @@
 """Networks with an explicit body (representation) and head (last classifier layer)."""
 
-from plfl.models.networks import BodyHeadModel, build_model
+from plfl.models.networks import MODELS, BodyHeadModel, build_model, channels_last
 
-__all__ = ["BodyHeadModel", "build_model"]
+__all__ = ["MODELS", "BodyHeadModel", "build_model", "channels_last"]

@@ -19,7 +19,6 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torchvision.models import resnet18
 
 from plfl.data.text import PAD_ID
 from plfl.errors import ConfigError
@@ -35,6 +34,14 @@ class BodyHeadModel(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))
+
+
+def channels_last(model: nn.Module) -> nn.Module:
+    """``model``, converted in place to channels-last memory if it has convolutions: faster convolutions and
+    pooling on the CPU (benchmarks/overhead.py's plain loop took 11-20 % less time with it)."""
+    if any(isinstance(m, nn.Conv2d) for m in model.modules()):
+        model.to(memory_format=torch.channels_last)
+    return model
 
 
 def normalized_relu(layer: nn.Module, width: int, batch_norm: bool) -> list[nn.Module]:
@@ -57,8 +64,9 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = False
     return BodyHeadModel(body, nn.Linear(512, num_classes))
 
 
-def conv_stages(input_shape: tuple[int, ...], name: str, widths: tuple[int, int],
-                batch_norm: bool) -> tuple[list[nn.Module], int]:
+def conv_stages(
+    input_shape: tuple[int, ...], name: str, widths: tuple[int, int], batch_norm: bool
+) -> tuple[list[nn.Module], int]:
     """Two stages conv5×5 → (BatchNorm2d) → ReLU → maxpool2 of ``widths`` output channels, then a
     flatten, for (C, H, W) inputs; returns the layers and the flattened feature count.
 
@@ -66,16 +74,23 @@ def conv_stages(input_shape: tuple[int, ...], name: str, widths: tuple[int, int]
         ConfigError: images smaller than 16×16 (nothing left after the two stages).
     """
     channels, height, width = _image_shape(input_shape, name)
-    conv_out = lambda s: ((s - 4) // 2 - 4) // 2  # noqa: E731  two (valid conv5, pool2) stages
+
+    def conv_out(size: int) -> int:  # two (valid conv5, pool2) stages
+        return ((size - 4) // 2 - 4) // 2
+
     if conv_out(height) < 1 or conv_out(width) < 1:
         raise ConfigError(
             f"model.name={name} needs images of at least 16×16 pixels; the data are {height}×{width}. "
             "Use model.name=mlp for small inputs such as digits."
         )
     first, second = widths
-    layers = [*normalized_relu(nn.Conv2d(channels, first, kernel_size=5), first, batch_norm), nn.MaxPool2d(2),
-              *normalized_relu(nn.Conv2d(first, second, kernel_size=5), second, batch_norm), nn.MaxPool2d(2),
-              nn.Flatten()]
+    layers = [
+        *normalized_relu(nn.Conv2d(channels, first, kernel_size=5), first, batch_norm),
+        nn.MaxPool2d(2),
+        *normalized_relu(nn.Conv2d(first, second, kernel_size=5), second, batch_norm),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    ]
     return layers, second * conv_out(height) * conv_out(width)
 
 
@@ -88,13 +103,17 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = Fa
     full. The flattened dimension is 400 on 32×32 inputs (the paper's size) and 256 on 28×28.
     """
     convs, features = conv_stages(input_shape, "lenet5", (6, 16), batch_norm)
-    body = nn.Sequential(*convs, *normalized_relu(nn.Linear(features, 120), 120, batch_norm),
-                         *normalized_relu(nn.Linear(120, 84), 84, batch_norm))
+    body = nn.Sequential(
+        *convs,
+        *normalized_relu(nn.Linear(features, 120), 120, batch_norm),
+        *normalized_relu(nn.Linear(120, 84), 84, batch_norm),
+    )
     return BodyHeadModel(body, nn.Linear(84, num_classes))
 
 
-def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int],
-        batch_norm: bool = False) -> BodyHeadModel:
+def mlp(
+    input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int], batch_norm: bool = False
+) -> BodyHeadModel:
     """Fully connected network: flatten → [Linear → (BatchNorm1d if ``batch_norm``) → ReLU] per
     hidden size → Linear classes."""
     if not hidden_sizes:
@@ -109,6 +128,8 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int],
 
 def resnet(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
     """torchvision's ResNet-18 (random init), first convolution adapted to the input channels."""
+    from torchvision.models import resnet18  # torchvision's import is slow: only when a ResNet is built
+
     channels, _, _ = _image_shape(input_shape, "resnet18")
     net = resnet18(num_classes=num_classes)
     if channels != 3:
@@ -166,8 +187,7 @@ class TransformerBody(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab_size, embedding_dim, padding_idx=PAD_ID)
         self.positions = nn.Embedding(max_length, embedding_dim)
-        layer = nn.TransformerEncoderLayer(embedding_dim, num_heads, 4 * embedding_dim, dropout=0.0,
-                                           batch_first=True)
+        layer = nn.TransformerEncoderLayer(embedding_dim, num_heads, 4 * embedding_dim, dropout=0.0, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -178,8 +198,9 @@ class TransformerBody(nn.Module):
         return mean_over_tokens(h, ~padding)
 
 
-def transformer(vocab_size: int, input_shape: tuple[int, ...], num_classes: int, embedding_dim: int,
-                num_layers: int, num_heads: int) -> BodyHeadModel:
+def transformer(
+    vocab_size: int, input_shape: tuple[int, ...], num_classes: int, embedding_dim: int, num_layers: int, num_heads: int
+) -> BodyHeadModel:
     """A small Transformer encoder (Vaswani et al., NeurIPS 2017, arXiv:1706.03762) for token ids of length
     ``input_shape[0]``: :class:`TransformerBody` → Linear(embedding_dim, classes)."""
     body = TransformerBody(vocab_size, input_shape[0], embedding_dim, num_layers, num_heads)
@@ -192,19 +213,29 @@ TEXT_MODELS = ("fasttext", "transformer", "lstm")  # take token ids and need the
 # (hidden_sizes, batch_norm, ...) and the data's vocab_size (None for images).
 MODELS: dict[str, Callable[..., BodyHeadModel]] = {
     "cnn": lambda shape, classes, o: cnn(shape, classes, o.get("batch_norm", False)),
-    "mlp": lambda shape, classes, o: mlp(shape, classes, list(o.get("hidden_sizes", [200])), o.get("batch_norm", False)),
+    "mlp": lambda shape, classes, o: mlp(
+        shape, classes, list(o.get("hidden_sizes", [200])), o.get("batch_norm", False)
+    ),
     "resnet18": lambda shape, classes, o: resnet(shape, classes),
     "lenet5": lambda shape, classes, o: lenet5(shape, classes, o.get("batch_norm", False)),
     "fasttext": lambda shape, classes, o: fasttext(o["vocab_size"], classes, o.get("embedding_dim") or 32),
     "transformer": lambda shape, classes, o: transformer(
-        o["vocab_size"], shape, classes, o.get("embedding_dim") or 32, o.get("num_layers", 2), o.get("num_heads", 2)),
-    "lstm": lambda shape, classes, o: lstm(shape, classes, o.get("vocab_size"), o.get("embedding_dim") or 8,
-                                           o.get("hidden_dim", 256)),
+        o["vocab_size"], shape, classes, o.get("embedding_dim") or 32, o.get("num_layers", 2), o.get("num_heads", 2)
+    ),
+    "lstm": lambda shape, classes, o: lstm(
+        shape, classes, o.get("vocab_size"), o.get("embedding_dim") or 8, o.get("hidden_dim", 256)
+    ),
 }
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int] = (200,),
-                batch_norm: bool = False, **options: Any) -> BodyHeadModel:
+def build_model(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden_sizes: list[int] = (200,),
+    batch_norm: bool = False,
+    **options: Any,
+) -> BodyHeadModel:
     """Build ``model.name`` for inputs of ``input_shape`` (no batch dim) and ``num_classes`` classes;
     ``hidden_sizes``: the MLP's widths; ``batch_norm``: BatchNorm layers in the CNN, LeNet-5 and the MLP
     (ResNet-18 always has them, and ``ModelConfig`` refuses ``model.batch_norm`` with it);
@@ -218,9 +249,12 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, hidde
         raise ConfigError(f"Unknown model.name {name!r}; valid names: {', '.join(MODELS)}.")
     text = options.get("vocab_size") is not None
     if text != (name in TEXT_MODELS):
-        given, use = ("token ids (text)", TEXT_MODELS) if text else ("images or vectors", [*MODELS.keys() - TEXT_MODELS])
-        raise ConfigError(f"model.name={name} cannot take the data's {given}; use model.name="
-                          f"{' or '.join(sorted(use))}.")
+        given, use = (
+            ("token ids (text)", TEXT_MODELS) if text else ("images or vectors", [*MODELS.keys() - TEXT_MODELS])
+        )
+        raise ConfigError(
+            f"model.name={name} cannot take the data's {given}; use model.name={' or '.join(sorted(use))}."
+        )
     return MODELS[name](input_shape, num_classes, {"hidden_sizes": hidden_sizes, "batch_norm": batch_norm, **options})
 
 
@@ -237,8 +271,9 @@ class LastStepLSTM(nn.Module):
         return outputs[:, -1]
 
 
-def lstm(input_shape: tuple[int, ...], num_classes: int, vocab_size: int, embedding_dim: int = 8,
-         hidden_dim: int = 256) -> BodyHeadModel:
+def lstm(
+    input_shape: tuple[int, ...], num_classes: int, vocab_size: int, embedding_dim: int = 8, hidden_dim: int = 256
+) -> BodyHeadModel:
     """LEAF's Shakespeare model (Caldas et al., arXiv:1812.01097, ``models/shakespeare/stacked_lstm.py``; the
     FedAvg paper's character LSTM): embedding 8 → 2-layer LSTM 256 → Linear classes on the last time step.
 

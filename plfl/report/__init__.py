@@ -34,8 +34,10 @@ def load_runs(paths: list[Path]) -> list[ReportRun]:
     """
     for path in paths:
         if not path.exists():
-            raise PlflError(f"{path} does not exist; pass run directories (runs/<name>/<time>/) "
-                            "or folders holding them (e.g. runs/).")
+            raise PlflError(
+                f"{path} does not exist; pass run directories (runs/<name>/<time>/) "
+                "or folders holding them (e.g. runs/)."
+            )
     runs = [read_report_run(d) for d in find_runs(paths)]
     label_runs(runs)
     return runs

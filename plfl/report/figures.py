@@ -33,8 +33,14 @@ def colour(runs: list[ReportRun], run: ReportRun) -> str:
 def _layout(fig: go.Figure, title: str, yaxis: str) -> go.Figure:
     """Title, axes, and a legend of one short line per run at the right, where the figure grows to fit it."""
     entries = sum(trace.showlegend is not False for trace in fig.data)
-    fig.update_layout(title=title, template="plotly_white", height=max(440, 160 + 20 * entries), hovermode="closest",
-                      legend=dict(tracegroupgap=0, y=1, yanchor="top"), margin=dict(t=80, b=50))
+    fig.update_layout(
+        title=title,
+        template="plotly_white",
+        height=max(440, 160 + 20 * entries),
+        hovermode="closest",
+        legend=dict(tracegroupgap=0, y=1, yanchor="top"),
+        margin=dict(t=80, b=50),
+    )
     last = max((x for trace in fig.data for x in (trace.x or ())), default=0)
     # Integer ticks: plotly's automatic step goes below 1 over a few rounds.
     fig.update_xaxes(title_text="round", rangemode="tozero", dtick=1 if last <= 12 else None)
@@ -42,13 +48,28 @@ def _layout(fig: go.Figure, title: str, yaxis: str) -> go.Figure:
     return fig
 
 
-def _line(runs: list[ReportRun], run: ReportRun, x: list, y: list, what: str = "", dash: str = "solid",
-          hover: str = "%{y:.4g}", show_legend: bool = True) -> go.Scatter:
+def _line(
+    runs: list[ReportRun],
+    run: ReportRun,
+    x: list,
+    y: list,
+    what: str = "",
+    dash: str = "solid",
+    hover: str = "%{y:.4g}",
+    show_legend: bool = True,
+) -> go.Scatter:
     """The run's line; ``what`` names the quantity in the hover text where a panel shows two."""
-    return go.Scatter(x=x, y=y, name=run.label, mode="lines+markers", legendgroup=run.label,
-                      showlegend=show_legend, line=dict(color=colour(runs, run), dash=dash), marker=dict(size=5),
-                      hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>"
-                                    f"round %{{x}}: {what}{hover}<extra></extra>")
+    return go.Scatter(
+        x=x,
+        y=y,
+        name=run.label,
+        mode="lines+markers",
+        legendgroup=run.label,
+        showlegend=show_legend,
+        line=dict(color=colour(runs, run), dash=dash),
+        marker=dict(size=5),
+        hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>round %{{x}}: {what}{hover}<extra></extra>",
+    )
 
 
 def _positive(rounds: list[int], values: list[float]) -> tuple[list[int], list[float]]:
@@ -74,14 +95,29 @@ def client_distribution_figure(runs: list[ReportRun]) -> go.Figure:
     for run in runs:
         best = run.summary.get("best_round")
         accuracies = run.client_accuracies(best) if best is not None else []
-        fig.add_trace(go.Box(x=[100 * a for a in accuracies], name=f"{run.label} (round {best})",
-                             legendgroup=run.label, orientation="h", boxpoints="all", jitter=0.4, pointpos=0,
-                             boxmean=True, marker=dict(color=colour(runs, run), size=5),
-                             line=dict(color=colour(runs, run)),
-                             hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>"
-                                           f"a client at round {best}: %{{x:.2f}} %<extra></extra>"))
-    fig.update_layout(title="Client accuracy at the best round", template="plotly_white",
-                      height=max(300, 120 + 32 * len(runs)), showlegend=False, margin=dict(t=60, b=40))
+        fig.add_trace(
+            go.Box(
+                x=[100 * a for a in accuracies],
+                name=f"{run.label} (round {best})",
+                legendgroup=run.label,
+                orientation="h",
+                boxpoints="all",
+                jitter=0.4,
+                pointpos=0,
+                boxmean=True,
+                marker=dict(color=colour(runs, run), size=5),
+                line=dict(color=colour(runs, run)),
+                hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>"
+                f"a client at round {best}: %{{x:.2f}} %<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title="Client accuracy at the best round",
+        template="plotly_white",
+        height=max(300, 120 + 32 * len(runs)),
+        showlegend=False,
+        margin=dict(t=60, b=40),
+    )
     fig.update_xaxes(title_text="client accuracy (%)")
     fig.update_yaxes(autorange="reversed", automargin=True)  # the runs top to bottom in the table's order
     return fig
@@ -90,14 +126,22 @@ def client_distribution_figure(runs: list[ReportRun]) -> go.Figure:
 def tail_figure(runs: list[ReportRun]) -> go.Figure:
     """Worst-10 % (metrics.csv ``worst10_accuracy``) and top-10 % (from clients.csv) mean client accuracy
     per evaluated round, side by side on one scale: the ⌈10 %⌉ rule of plfl.metrics.tail_means."""
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=["worst 10 % of clients", "top 10 % of clients"])
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        subplot_titles=["worst 10 % of clients", "top 10 % of clients"],
+    )
     for run in runs:
         rounds, worst = run.series("worst10_accuracy")
         fig.add_trace(_line(runs, run, rounds, [100 * w for w in worst], "worst 10 % ", hover=PERCENT), row=1, col=1)
         rounds, _, top = run.tail_series()
-        fig.add_trace(_line(runs, run, rounds, [100 * t for t in top], "top 10 % ", hover=PERCENT,
-                            show_legend=False), row=1, col=2)
+        fig.add_trace(
+            _line(runs, run, rounds, [100 * t for t in top], "top 10 % ", hover=PERCENT, show_legend=False),
+            row=1,
+            col=2,
+        )
     return _layout(fig, "Worst-10 % and top-10 % client accuracy", "mean client accuracy (%)")
 
 
@@ -116,8 +160,13 @@ def communication_figure(runs: list[ReportRun]) -> go.Figure:
     """Bytes the server sent (metrics.csv ``bytes_sent``) and received (``bytes_received``) per round, side by
     side on one log axis (sent and received are often equal: overlaid, one line would hide the other).
     Rounds with zero bytes are left out (a log axis has no 0; the runs table shows the means)."""
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
-                        subplot_titles=["sent to clients", "received from clients"])
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        shared_yaxes=True,
+        horizontal_spacing=0.04,
+        subplot_titles=["sent to clients", "received from clients"],
+    )
     for col, (column, what) in enumerate((("bytes_sent", "sent "), ("bytes_received", "received ")), start=1):
         for run in runs:
             rounds, values = _positive(*run.series(column))
@@ -143,8 +192,7 @@ def global_accuracy_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
     return _layout(fig, "Global-model accuracy (solid) and personalized accuracy (dotted)", "accuracy (%)")
 
 
-def _panels(runs: list[ReportRun], own: list[ReportRun], title: str,
-            panels: list[tuple[str, str, bool]]) -> go.Figure:
+def _panels(runs: list[ReportRun], own: list[ReportRun], title: str, panels: list[tuple[str, str, bool]]) -> go.Figure:
     """Side-by-side panels of metrics.csv columns, given as (column, panel title, log y axis)."""
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels])
     for col, (column, name, log) in enumerate(panels, start=1):
@@ -162,8 +210,12 @@ def ala_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
     own = [r for r in runs if r.has("ala_weight_mean")]
     if not own:
         return None
-    return _panels(runs, own, "ALA weight statistics",
-                   [("ala_weight_mean", "mean ALA weight", False), ("ala_epochs_mean", "mean ALA epochs", False)])
+    return _panels(
+        runs,
+        own,
+        "ALA weight statistics",
+        [("ala_weight_mean", "mean ALA weight", False), ("ala_epochs_mean", "mean ALA epochs", False)],
+    )
 
 
 def selffl_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
@@ -173,22 +225,38 @@ def selffl_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
     own = [r for r in runs if r.has("selffl_sigma0_sq") or r.has("selffl_sigma_sq_mean")]
     if not own:
         return None
-    fig = _panels(runs, own, "Self-FL: variances and local steps",
-                  [("selffl_sigma0_sq", "σ₀² (inter-client variance)", True),
-                   ("selffl_sigma_sq_mean", "σ_m² (clients; line: mean)", True),
-                   ("selffl_local_steps_mean", "l_m (local steps; line: mean)", False)])
+    fig = _panels(
+        runs,
+        own,
+        "Self-FL: variances and local steps",
+        [
+            ("selffl_sigma0_sq", "σ₀² (inter-client variance)", True),
+            ("selffl_sigma_sq_mean", "σ_m² (clients; line: mean)", True),
+            ("selffl_local_steps_mean", "l_m (local steps; line: mean)", False),
+        ],
+    )
     for run in own:
         rows = run.tables.get("selffl_clients", [])
         for col, column in ((2, "sigma_sq"), (3, "local_steps")):
             points = [r for r in rows if r.get(column) is not None]
             if points:
-                fig.add_trace(go.Scatter(x=[r["round"] for r in points], y=[r[column] for r in points],
-                                         mode="markers", legendgroup=run.label, showlegend=False, opacity=0.5,
-                                         marker=dict(color=colour(runs, run), size=4, symbol="circle-open"),
-                                         customdata=[r["client"] for r in points], name=run.label,
-                                         hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>round %{{x}}, "
-                                                       "client %{customdata}: %{y:.4g}<extra></extra>"),
-                              row=1, col=col)
+                fig.add_trace(
+                    go.Scatter(
+                        x=[r["round"] for r in points],
+                        y=[r[column] for r in points],
+                        mode="markers",
+                        legendgroup=run.label,
+                        showlegend=False,
+                        opacity=0.5,
+                        marker=dict(color=colour(runs, run), size=4, symbol="circle-open"),
+                        customdata=[r["client"] for r in points],
+                        name=run.label,
+                        hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>round %{{x}}, "
+                        "client %{customdata}: %{y:.4g}<extra></extra>",
+                    ),
+                    row=1,
+                    col=col,
+                )
     return fig
 
 
@@ -204,28 +272,52 @@ def aggregation_weight_figure(run: ReportRun) -> Optional[go.Figure]:
     layers = list(dict.fromkeys(r["layer"] for r in rows))
     clients = sorted({r["client"] for r in rows})
     columns = sorted((k for k in rows[0] if k.startswith("w") and k[1:].isdigit()), key=lambda k: int(k[1:]))
-    fig = make_subplots(rows=1, cols=len(layers), subplot_titles=[f"layer {layer}" for layer in layers],
-                        horizontal_spacing=0.06)
+    fig = make_subplots(
+        rows=1, cols=len(layers), subplot_titles=[f"layer {layer}" for layer in layers], horizontal_spacing=0.06
+    )
     top = max(r[c] for r in rows for c in columns)
     for col, layer in enumerate(layers, start=1):
         by_client = {r["client"]: r for r in rows if r["layer"] == layer}
         z = [[by_client[i][c] for c in columns] for i in clients]
         kept = [["kept local" if by_client[i].get("retained") else "aggregated"] * len(columns) for i in clients]
-        fig.add_trace(go.Heatmap(z=z, x=[int(c[1:]) for c in columns], y=clients, customdata=kept,
-                                 zmin=0, zmax=top, colorscale="Viridis", showscale=col == 1,
-                                 colorbar=dict(title="α"),
-                                 hovertemplate="client i=%{y}, j=%{x}: α=%{z:.3f} (%{customdata})<extra></extra>"),
-                      row=1, col=col)
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=[int(c[1:]) for c in columns],
+                y=clients,
+                customdata=kept,
+                zmin=0,
+                zmax=top,
+                colorscale="Viridis",
+                showscale=col == 1,
+                colorbar=dict(title="α"),
+                hovertemplate="client i=%{y}, j=%{x}: α=%{z:.3f} (%{customdata})<extra></extra>",
+            ),
+            row=1,
+            col=col,
+        )
         fig.update_xaxes(title_text="client j", dtick=1, row=1, col=col)
         fig.update_yaxes(title_text="client i" if col == 1 else "", dtick=1, autorange="reversed", row=1, col=col)
-    fig.update_layout(title=f"Aggregation weights α of {run.label}, round {last}", template="plotly_white",
-                      height=460, margin=dict(t=80, b=40))
+    fig.update_layout(
+        title=f"Aggregation weights α of {run.label}, round {last}",
+        template="plotly_white",
+        height=460,
+        margin=dict(t=80, b=40),
+    )
     return fig
 
 
 def all_figures(runs: list[ReportRun]) -> list[go.Figure]:
     """Every panel that the runs have data for, in page order."""
-    figures = [accuracy_figure(runs), client_distribution_figure(runs), tail_figure(runs), seconds_figure(runs),
-               communication_figure(runs), global_accuracy_figure(runs), ala_figure(runs), selffl_figure(runs)]
+    figures = [
+        accuracy_figure(runs),
+        client_distribution_figure(runs),
+        tail_figure(runs),
+        seconds_figure(runs),
+        communication_figure(runs),
+        global_accuracy_figure(runs),
+        ala_figure(runs),
+        selffl_figure(runs),
+    ]
     figures += [aggregation_weight_figure(run) for run in runs]
     return [f for f in figures if f is not None]

@@ -32,27 +32,41 @@ def _number(value, digits: int = 2) -> str:
 def runs_table(runs: list[ReportRun]) -> str:
     """An HTML table of the runs: label (after a square of the run's colour), method, data set, seed, status,
     best / final accuracy (%), costs per round, directory."""
-    head = ("<tr><th>run</th><th>method</th><th>data set</th><th>seed</th><th>status</th><th>best accuracy (%)</th>"
-            "<th>best round</th><th>final accuracy (%)</th><th>s / round</th><th>bytes sent / round</th>"
-            "<th>directory</th></tr>")
+    head = (
+        "<tr><th>run</th><th>method</th><th>data set</th><th>seed</th><th>status</th><th>best accuracy (%)</th>"
+        "<th>best round</th><th>final accuracy (%)</th><th>s / round</th><th>bytes sent / round</th>"
+        "<th>directory</th></tr>"
+    )
     rows = []
     for run in runs:
         s = run.summary
         cells = [html.escape(str(c)) for c in (run.label, run.method, run.dataset, run.seed, run.status)]
-        numbers = [_percent(s.get("best_accuracy")), str(s.get("best_round", "–")),
-                   _percent(s.get("final_accuracy")), _number(s.get("seconds_per_round")),
-                   _number(s.get("bytes_sent_per_round"), 0)]
+        numbers = [
+            _percent(s.get("best_accuracy")),
+            str(s.get("best_round", "–")),
+            _percent(s.get("final_accuracy")),
+            _number(s.get("seconds_per_round")),
+            _number(s.get("bytes_sent_per_round"), 0),
+        ]
         cells[0] = f'<span style="color: {colour(runs, run)}">&#9632;</span> {cells[0]}'  # its lines' colour
-        rows.append(f'<tr><td class="run">{cells[0]}</td>' + "".join(f"<td>{c}</td>" for c in cells[1:])
-                    + "".join(f'<td class="num">{n}</td>' for n in numbers)
-                    + f"<td><code>{html.escape(str(run.run_dir))}</code></td></tr>")
+        rows.append(
+            f'<tr><td class="run">{cells[0]}</td>'
+            + "".join(f"<td>{c}</td>" for c in cells[1:])
+            + "".join(f'<td class="num">{n}</td>' for n in numbers)
+            + f"<td><code>{html.escape(str(run.run_dir))}</code></td></tr>"
+        )
     return f"<table>{head}{''.join(rows)}</table>"
 
 
 def figure_div(fig: go.Figure, index: int) -> str:
     """The figure as a <div> and its drawing script, without plotly.js (the page holds it once)."""
-    return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"figure-{index}",
-                       config={"displaylogo": False, "responsive": True})
+    return pio.to_html(
+        fig,
+        full_html=False,
+        include_plotlyjs=False,
+        div_id=f"figure-{index}",
+        config={"displaylogo": False, "responsive": True},
+    )
 
 
 # A legend click (or double-click) in one figure shows or hides that run in every figure: each run is one

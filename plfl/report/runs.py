@@ -94,12 +94,23 @@ def read_report_run(run_dir: Path) -> ReportRun:
         cfg = OmegaConf.load(run_dir / "config.yaml")
         summary = json.loads((run_dir / "summary.json").read_text())
         tables = {p.stem: read_csv(p) for p in sorted((run_dir / "tables").glob("*.csv"))}
-        return ReportRun(run_dir, str(cfg.get("name", run_dir.parent.name)), cfg.method.name, dataset_name(cfg),
-                         int(cfg.federation.seed), summary, read_csv(run_dir / "metrics.csv"),
-                         read_csv(run_dir / "clients.csv"), tables, dict(dotted_items(cfg)))
+        return ReportRun(
+            run_dir,
+            str(cfg.get("name", run_dir.parent.name)),
+            cfg.method.name,
+            dataset_name(cfg),
+            int(cfg.federation.seed),
+            summary,
+            read_csv(run_dir / "metrics.csv"),
+            read_csv(run_dir / "clients.csv"),
+            tables,
+            dict(dotted_items(cfg)),
+        )
     except (ValueError, KeyError, AttributeError, OSError) as e:  # json, CSV and OmegaConf errors
-        raise PlflError(f"Cannot read the run in {run_dir} ({type(e).__name__}: {e}); its files are damaged "
-                        "or from another program: leave it out of the report or run it again.") from None
+        raise PlflError(
+            f"Cannot read the run in {run_dir} ({type(e).__name__}: {e}); its files are damaged "
+            "or from another program: leave it out of the report or run it again."
+        ) from None
 
 
 def _missing_fix(run_dir: Path, missing: list[str]) -> str:

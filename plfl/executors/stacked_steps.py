@@ -1,0 +1,219 @@
+"""A cohort's :class:`~plfl.tasks.StepTask` s at once, stacked on a client axis (the vectorized executor's).
+
+The same computation as :func:`~plfl.executors.steps.run_step_task`, client for client: each client runs the
+step on its own batches in its own order, and each lock-step step updates every client that still has a batch
+(``vmap`` of the method's step over the clients' states). Local epochs run one after another; an epoch ends
+with one synchronisation when the tasks have a stop rule, whose clients' last batch losses decide who goes on
+(ALA's initial stage). An epoch's running clients sit in the first rows of :class:`StepState`, whose tensors
+outlive the cohort, so that a step is recorded once per number of active clients and replayed (a CUDA graph
+on a CUDA device, :mod:`plfl.executors.step_graphs`). Tensors that all of a cohort's tasks hold in the very
+same ``shared`` dict are kept once, not per client. With a fixed sample (the same batches every epoch) each
+batch's inputs are prepared once (:meth:`plfl.tasks.Step.prepare`), for all clients in one call when they
+share the tensors it reads and the model has no BatchNorm.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Optional
+
+import torch
+from torch.func import vmap
+
+from plfl.executors.lockstep import MaskedNetwork, Split, first_rows, stack, unstack, zero_rows
+from plfl.executors.step_graphs import StepGraphs
+from plfl.state import Params
+from plfl.tasks import Batch, Step, StepResult, StepTask
+
+
+class StepState:
+    """Up to ``capacity`` running clients' tensors, row c client c's: ``state``, ``inputs`` and (unless
+    ``common``, one copy for all) ``shared`` like one task's; the current batch's ``x`` (capacity, width,
+    *sample.shape), ``y`` (capacity, width) and ``mask`` (capacity, width); ``last`` (capacity,) each client's
+    latest step loss, ``loss_sum`` (float64) its losses weighted by their samples, ``weight`` those samples."""
+
+    def __init__(
+        self, task: StepTask, common: bool, sample: torch.Tensor, capacity: int, width: int, device: torch.device
+    ):
+        self.layout, self.capacity = layout(task, common, sample, width), capacity
+        self.state, self.inputs = zero_rows(task.state, capacity, device), zero_rows(task.inputs, capacity, device)
+        self.shared = (
+            {k: v.to(device) for k, v in task.shared.items()} if common else zero_rows(task.shared, capacity, device)
+        )
+        self.x = torch.zeros(capacity, width, *sample.shape, dtype=sample.dtype, device=device)
+        self.y = torch.zeros(capacity, width, dtype=torch.long, device=device)
+        self.mask = torch.zeros(capacity, width, device=device)
+        self.last, self.weight = torch.zeros(2, capacity, device=device)
+        self.loss_sum = torch.zeros(capacity, dtype=torch.float64, device=device)
+
+    def share(self, shared: Params) -> None:
+        """The one copy of ``shared`` (``common``) ← this cohort's."""
+        for name, value in shared.items():
+            self.shared[name].copy_(value)
+
+    def load(self, order: list[int], cohort: dict[str, Params], common: bool) -> None:
+        """Rows 0..len(order)-1 ← the cohort's stacked ``state``, ``inputs``, ``shared`` and loss sums of its
+        members ``order`` (an epoch's running clients)."""
+        run = torch.tensor(order, device=self.last.device)
+        for part in ("state", "inputs", "sums") if common else ("state", "inputs", "sums", "shared"):
+            for name, rows in self.rows(part).items():
+                rows[: len(order)].copy_(cohort[part][name][run])
+
+    def save(self, order: list[int], cohort: dict[str, Params]) -> None:
+        """The cohort's stacked ``state`` and loss sums of members ``order`` ← rows 0..len(order)-1."""
+        run = torch.tensor(order, device=self.last.device)
+        for part in ("state", "sums"):
+            for name, rows in self.rows(part).items():
+                cohort[part][name][run] = rows[: len(order)]
+
+    def rows(self, part: str) -> Params:
+        """The tensors of ``part``: ``state``, ``inputs``, ``shared``, or ``sums`` (``loss_sum`` and ``weight``)."""
+        return {"loss_sum": self.loss_sum, "weight": self.weight} if part == "sums" else getattr(self, part)
+
+    def mutated(self, k: int) -> list[torch.Tensor]:
+        """The rows that a step of the first ``k`` clients writes."""
+        return [*(v[:k] for v in self.state.values()), self.last[:k], self.loss_sum[:k], self.weight[:k]]
+
+
+def layout(task: StepTask, common: bool, sample: torch.Tensor, width: int) -> tuple:
+    """What a :class:`StepState` must match to serve a cohort besides its rows: names, shapes and dtypes."""
+    tensors = {
+        **task.state,
+        **{f"inputs/{k}": v for k, v in task.inputs.items()},
+        **{f"shared/{k}": v for k, v in task.shared.items()},
+        "x": sample,
+    }
+    return common, width, tuple((k, v.shape, v.dtype) for k, v in tensors.items())
+
+
+class StackedSteps:
+    """Step tasks for cohorts of clients on ``network``'s device, steps recorded and replayed by ``graphs``."""
+
+    def __init__(self, network: MaskedNetwork, graphs: StepGraphs):
+        self.network, self.graphs = network, graphs
+        self.state: Optional[StepState] = None
+
+    def __call__(self, split: Split, tasks: list[StepTask], rows: list[list[torch.Tensor]]) -> list[StepResult]:
+        """The tasks of one cohort (equal steps and options), ``rows[c]`` each epoch's batches of ``tasks[c]``
+        (:func:`~plfl.executors.steps.epoch_rows`), data in ``split`` on the device."""
+        first, device = tasks[0], self.network.device
+        common = all(t.shared is first.shared for t in tasks)
+        cohort = {
+            "state": stack([t.state for t in tasks], device),
+            "inputs": stack([t.inputs for t in tasks], device),
+            "shared": {} if common else stack([t.shared for t in tasks], device),
+            "sums": {
+                "loss_sum": torch.zeros(len(tasks), dtype=torch.float64, device=device),
+                "weight": torch.zeros(len(tasks), device=device),
+            },
+        }
+        offsets = [split.offsets[t.client_id] for t in tasks]
+        fixed = self._prepared(first, cohort, common, split, offsets, rows) if first.sample is not None else None
+        sample = fixed[0][0, 0] if fixed else split.x[0]
+        state = self._state(first, common, sample, len(tasks), first.batch_size)
+        if common:
+            state.share(first.shared)
+        epoch_losses: list[list[float]] = [[] for _ in tasks]
+        seen = [0] * len(tasks)
+        running, order, epoch = list(range(len(tasks))), None, 0
+        while running:
+            now = sorted(running, key=lambda c: -len(rows[c][epoch]))
+            if now != order:
+                if order is not None:
+                    state.save(order, cohort)
+                state.load(now, cohort, common)
+                order = now
+            self._epoch(state, first.step, fixed, common, split, offsets, [rows[c][epoch] for c in order], order)
+            for c in order:
+                seen[c] += int((rows[c][epoch] >= 0).sum())
+            for c, value in zip(order, state.last[: len(order)].cpu().tolist()):  # the epoch's one synchronisation
+                epoch_losses[c].append(value)
+            epoch += 1
+            running = [c for c in order if epoch < len(rows[c]) and not (first.stop and first.stop(epoch_losses[c]))]
+        state.save(order, cohort)
+        means = (cohort["sums"]["loss_sum"] / cohort["sums"]["weight"]).tolist()
+        return [
+            StepResult(s, mean, n, losses)
+            for s, mean, n, losses in zip(unstack(cohort["state"], len(tasks)), means, seen, epoch_losses)
+        ]
+
+    def _epoch(
+        self,
+        state: StepState,
+        step: Step,
+        fixed: Optional[list[torch.Tensor]],
+        common: bool,
+        split: Split,
+        offsets: list[int],
+        rows: list[torch.Tensor],
+        order: list[int],
+    ) -> None:
+        """One local epoch of the running clients ``order`` (in ``state``'s first rows), ``rows`` their batches."""
+        index, mask, _ = split.schedule([offsets[c] for c in order], rows)
+        cols = torch.tensor(order, device=index.device)
+        for s in range(index.shape[0]):
+            k = sum(len(r) > s for r in rows)
+            state.x[:k].copy_(fixed[s][cols[:k]] if fixed is not None else split.x[index[s, :k]])
+            state.y[:k].copy_(split.y[index[s, :k]])
+            state.mask[:k].copy_(mask[s, :k])
+            key = ("step", step, fixed is not None, common, index.shape[-1], k)
+            self.graphs(key, partial(self._step, state, step, fixed is None, common, k), partial(state.mutated, k))
+
+    def _step(self, state: StepState, step: Step, prepare: bool, common: bool, k: int) -> None:
+        """``step`` for the first ``k`` rows of ``state``, reading and writing only its tensors (so that it can be
+        replayed)."""
+        network = self.network
+
+        def one(
+            client: Params, inputs: Params, shared: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+        ) -> tuple:
+            if prepare:
+                x = step.prepare(network, shared, x, mask)
+            return tuple(step(network, client, inputs, shared, Batch(x, y, mask)))
+
+        rows = first_rows(state.state, k)
+        shared = state.shared if common else first_rows(state.shared, k)
+        new, loss, samples = vmap(one, in_dims=(0, 0, None if common else 0, 0, 0, 0))(
+            rows, first_rows(state.inputs, k), shared, state.x[:k], state.y[:k], state.mask[:k]
+        )
+        for name, value in new.items():
+            rows[name].copy_(value)
+        state.last[:k] = loss
+        state.loss_sum[:k] += loss.double() * samples
+        state.weight[:k] += samples
+
+    def _prepared(
+        self,
+        task: StepTask,
+        cohort: dict[str, Params],
+        common: bool,
+        split: Split,
+        offsets: list[int],
+        rows: list[list[torch.Tensor]],
+    ) -> list[torch.Tensor]:
+        """Per step s of a fixed sample's epoch, the (C_s, W, ...) prepared inputs of the clients (in cohort order)
+        that have an s-th batch; for all clients in one call when they share ``shared`` and there is no
+        BatchNorm (whose batch statistics are per client)."""
+        index, mask, active = split.schedule(offsets, [r[0] for r in rows])
+        network, step = self.network, task.step
+        shared = {k: v.to(network.device) for k, v in task.shared.items()} if common else cohort["shared"]
+        with torch.no_grad():
+            if common and not network.norms:
+                return [
+                    step.prepare(network, shared, split.x[index[s, :a]].flatten(0, 1), None).unflatten(0, (a, -1))
+                    for s, a in enumerate(active)
+                ]
+            prepare = vmap(partial(step.prepare, network), in_dims=(None if common else 0, 0, 0))
+            return [
+                prepare(shared if common else first_rows(shared, a), split.x[index[s, :a]], mask[s, :a])
+                for s, a in enumerate(active)
+            ]
+
+    def _state(self, task: StepTask, common: bool, sample: torch.Tensor, capacity: int, width: int) -> StepState:
+        """The persistent state, replaced (and the recorded steps forgotten) when it cannot serve the cohort."""
+        state = self.state
+        if state is None or state.layout != layout(task, common, sample, width) or state.capacity < capacity:
+            self.graphs.clear()
+            self.state = None  # the old tensors go before the new ones come
+            self.state = StepState(task, common, sample, capacity, width, self.network.device)
+        return self.state

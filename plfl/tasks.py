@@ -1,0 +1,289 @@
+"""Client work as data: the tasks a method's hooks hand to an executor, and what comes back.
+
+Methods build tasks and read results; executors run tasks and build results. Both import this
+module, never each other. A task names its client by id (the executor holds the federation's data)
+and carries everything else by value, so that any executor (in-process, vectorized, on a remote
+worker) runs it the same way. Three kinds:
+
+- :class:`TrainTask`: local training of the model with SGD on the cross-entropy (Lightning's loop on
+  the sequential executor), optionally with a proximal term or part of the parameters frozen;
+- :class:`StepTask`: a method's own update, one :class:`Step` per mini-batch of the one batch order
+  (:mod:`plfl.batches`): ALA's weight learning, pFedMe's bi-level steps, APPLE's mixture, ...;
+- :class:`EvalTask`: accuracy and loss of a model on a client's test split, or on part of its
+  training split.
+
+A hook that needs client work is a generator: ``result = yield task`` (or ``results = yield [task,
+...]``) hands tasks to the loop and receives their results (:data:`Trains`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar, Generator, NamedTuple, Optional, Protocol, TypeVar, Union
+
+import torch
+from torch import nn
+
+from plfl.state import Params
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ProximalTerm:
+    """μ/2 · Σ ‖θ − anchor‖² over the trainable parameters, added to the local loss.
+
+    FedProx's proximal term (Li et al., MLSys 2020, Eq. 2) with ``anchor`` the received global
+    model; Ditto's personal objective (Li et al., ICML 2021, Eq. 2) with μ = λ. Its gradient
+    adds μ(θ − anchor) to the cross-entropy's.
+    """
+
+    anchor: Params  # state_dict names → tensors; only the model's parameters are used
+    mu: float  # μ ≥ 0
+
+    def penalty(self, model: nn.Module) -> torch.Tensor:
+        """The scalar term for ``model``'s current parameters (frozen parameters count 0)."""
+        terms = [(p - self.anchor[name]).pow(2).sum() for name, p in model.named_parameters() if p.requires_grad]
+        return self.mu / 2 * torch.stack(terms).sum()
+
+    def to(self, device: torch.device) -> ProximalTerm:
+        return ProximalTerm({k: v.to(device) for k, v in self.anchor.items()}, self.mu)
+
+
+@dataclass(frozen=True, eq=False)
+class TrainTask:
+    """Local training of client ``client_id`` on its training split: SGD at ``federation.lr`` and
+    ``federation.momentum`` on the batch-mean cross-entropy, batches of ``federation.batch_size``.
+
+    Raises:
+        ValueError: not exactly one of ``epochs`` and ``steps``, or one below 1.
+    """
+
+    client_id: int
+    params: Params  # the starting state (not modified)
+    seed: int  # batch order and augmentation draws (derive_seed of run, round, client, stream)
+    epochs: Optional[int] = None
+    steps: Optional[int] = None
+    trainable: Optional[frozenset[str]] = None  # parameter names to update (None: all); any set is frozen
+    proximal: Optional[ProximalTerm] = None  # μ/2 ‖θ − anchor‖² added to the loss (FedProx, Ditto)
+    samples: Optional[torch.Tensor] = None  # (n,) int64 indices into the training split; None: all of it
+
+    def __post_init__(self) -> None:
+        _check_length(self, self.epochs, self.steps)
+        if self.trainable is not None:
+            object.__setattr__(self, "trainable", frozenset(self.trainable))
+
+
+class Batch(NamedTuple):
+    """One mini-batch as a step sees it: x (W, *input_shape), y (W,) int64, and mask (W,) float 1/0 marking
+    the real samples of a padded batch (the vectorized executor's) or None when all W are real."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    mask: Optional[torch.Tensor]
+
+
+class Network(Protocol):
+    """The clients' architecture as a function of its state, given to a :class:`Step` by the executor."""
+
+    def __call__(
+        self, state: Params, x: torch.Tensor, mask: Optional[torch.Tensor] = None, module: str = ""
+    ) -> tuple[torch.Tensor, Params]:
+        """Run submodule ``module`` ("": the whole model; "body", "head") in training mode on ``x`` (W, ...),
+        its tensors taken from ``state`` (state_dict names of the whole model, e.g. ``head.weight``; every
+        tensor of the submodule must be there). Returns its output (W, ...) and its buffers after the pass:
+        BatchNorm's running statistics updated by the batch statistics of the samples where ``mask`` is 1,
+        as new tensors (``state``'s are not modified)."""
+
+
+class StepOutput(NamedTuple):
+    """What a :class:`Step` returns: the new state, the step's loss (a 0-dim tensor: a mean over
+    ``samples`` samples), and ``samples`` (an int, or a 0-dim tensor under the vectorized executor)."""
+
+    state: Params
+    loss: torch.Tensor
+    samples: Union[int, torch.Tensor]
+
+
+class Step:
+    """A method's update on one mini-batch, a pure function of tensors.
+
+    ``__call__(network, state, inputs, shared, batch)`` returns the new ``state`` from the old one
+    (tensors in, new tensors out, nothing modified in place), using only torch operations that
+    ``torch.func`` transforms: the vectorized executor runs it under ``vmap`` over a cohort of clients,
+    the sequential and Ray executors call it for one client (``batch.mask`` None). Padding must not
+    count: a loss over a batch is a mean over the samples where ``batch.mask`` is 1 (:func:`masked_mean`).
+    Gradients come from ``torch.func.grad`` inside the step.
+
+    ``prepare(network, shared, x, mask)`` maps a batch's inputs before the step sees them, from
+    ``shared`` alone and per sample (apart from BatchNorm's batch statistics); when a task's batches are
+    the same every epoch (:attr:`StepTask.sample`) it runs once per batch, not once per epoch (ALA's
+    features of a fixed body).
+
+    Subclasses are frozen dataclasses of their hyperparameters (equal steps train in one cohort) defined at
+    a module's top level (the Ray executor ships them by reference); ``work`` names them in a failed
+    client's reason.
+    """
+
+    work: ClassVar[str] = "a method's step"
+
+    def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
+        raise NotImplementedError
+
+    def prepare(self, network: Network, shared: Params, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        return x
+
+
+class StopRule(Protocol):
+    """Whether a :class:`StepTask` ends before its ``epochs`` run out, given each epoch's last batch loss so far
+    (a frozen dataclass at a module's top level, like :class:`Step`)."""
+
+    def __call__(self, epoch_losses: list[float]) -> bool: ...
+
+
+@dataclass(frozen=True, eq=False)
+class StepTask:
+    """Client ``client_id`` runs ``step`` on its training batches: ``state`` through every batch in turn.
+
+    The batches are the one batch order of ``batch_size`` (:func:`plfl.batches.training_rows`, drawn from
+    ``seed``) for ``epochs`` epochs or ``steps`` batches, or, with ``sample``, those training samples in
+    their order, cut into the same batches every epoch. With ``stop``, ``epochs`` is a cap: the task ends
+    after the first epoch for which ``stop(epoch_losses)`` holds. A last batch too short for the model
+    (BatchNorm) or for each of the step's ``sub_batches`` is left out (:func:`plfl.batches.last_batch_minimum`).
+
+    Raises:
+        ValueError: not exactly one of ``epochs`` and ``steps``, one below 1, or ``stop`` or ``sample`` with
+            ``steps``.
+    """
+
+    client_id: int
+    step: Step
+    state: Params  # carried from batch to batch (not modified)
+    seed: int
+    batch_size: int
+    epochs: Optional[int] = None
+    steps: Optional[int] = None
+    inputs: Params = field(default_factory=dict)  # the client's own fixed tensors
+    # Fixed tensors common to many clients: tasks that hold the very same dict share one copy in the
+    # vectorized executor (the round's global model, all clients' core models).
+    shared: Params = field(default_factory=dict)
+    stop: Optional[StopRule] = None
+    sample: Optional[torch.Tensor] = None  # (m,) int64 indices into the training split, batched in this order
+    sub_batches: int = 1
+
+    def __post_init__(self) -> None:
+        _check_length(self, self.epochs, self.steps)
+        if self.steps is not None and (self.stop is not None or self.sample is not None):
+            raise ValueError("a StepTask with a stop rule or a fixed sample counts epochs, not steps")
+
+
+@dataclass(frozen=True, eq=False)
+class EvalTask:
+    """Evaluation of ``params`` on client ``client_id``'s test split (None: on all clients' test splits
+    together, the global model's test set), or with ``samples`` on those samples of its training split
+    (a validation split held out of training)."""
+
+    client_id: Optional[int]
+    params: Params
+    samples: Optional[torch.Tensor] = None  # (m,) int64 indices into the client's training split
+
+
+Task = Union[TrainTask, StepTask, EvalTask]
+
+
+@dataclass
+class TrainResult:
+    """Outcome of one client's local training."""
+
+    params: Params  # trained state (CPU tensors): the client's model from now on
+    loss: float  # sample-weighted mean cross-entropy over the steps taken (no proximal term)
+    samples_seen: int  # training samples processed (epochs × n, or steps × batch; see plfl.batches on BatchNorm)
+    # What the client uploads when it is not ``params``, e.g. Ditto's trained copy of the global
+    # model beside its personal model (Method.client_message).
+    upload: Optional[Params] = None
+
+
+@dataclass
+class StepResult:
+    """Outcome of a :class:`StepTask`: the final state (CPU tensors), the steps' losses averaged with their
+    ``samples`` as weights, the training samples of all batches, and each epoch's last batch loss."""
+
+    state: Params
+    loss: float
+    samples_seen: int
+    epoch_losses: list[float]
+
+    @property
+    def epochs(self) -> int:
+        return len(self.epoch_losses)
+
+
+@dataclass
+class EvalResult:
+    """A model on one test split: ``correct`` of ``total`` samples, mean cross-entropy ``loss``."""
+
+    correct: int
+    total: int
+    loss: float
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total if self.total else float("nan")
+
+
+@dataclass(frozen=True)
+class ClientFailure:
+    """Why a client's work failed (an exception, or NaN/Inf in its trained parameters); the loop leaves the
+    client out of its round."""
+
+    reason: str
+
+
+# A hook that needs client work: it yields a task (or a list of tasks), receives its result (their
+# results, in order), and returns its own value.
+Trains = Generator[Union[Task, list[Task]], object, T]
+
+
+def masked_mean(values: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The mean of (W,) ``values`` over the real samples (mask 1), or over all W when ``mask`` is None."""
+    return values.mean() if mask is None else (values * mask).sum() / mask.sum()
+
+
+def masked_cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """The batch-mean cross-entropy of logits (W, classes) for labels y (W,) over the real samples."""
+    if mask is None:
+        return torch.nn.functional.cross_entropy(logits, y)
+    return masked_mean(torch.nn.functional.cross_entropy(logits, y, reduction="none"), mask)
+
+
+def sample_count(batch: Batch) -> Union[int, torch.Tensor]:
+    """How many real samples ``batch`` holds."""
+    return len(batch.y) if batch.mask is None else batch.mask.sum()
+
+
+def raised(error: Exception, work: str = "local training") -> ClientFailure:
+    """The failure of a client whose ``work`` raised ``error``."""
+    return ClientFailure(f"{work} raised {type(error).__name__}: {error}")
+
+
+def checked(result: T, params: Optional[Params] = None) -> T | ClientFailure:
+    """``result``, or a failure when its parameters (``params``, default ``result.params``) hold NaN or Inf."""
+    bad = non_finite(result.params if params is None else params)
+    if bad is None:
+        return result
+    return ClientFailure(f"its trained parameter {bad!r} holds NaN or Inf (training diverged)")
+
+
+def non_finite(params: Optional[Params]) -> Optional[str]:
+    """The name of the first floating tensor in ``params`` that holds NaN or Inf; None if there is none."""
+    for name, tensor in (params or {}).items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            return name
+    return None
+
+
+def _check_length(task: object, epochs: Optional[int], steps: Optional[int]) -> None:
+    if (epochs is None) == (steps is None) or (epochs or steps) < 1:
+        raise ValueError(
+            f"a {type(task).__name__} takes exactly one of epochs and steps, >= 1; got epochs={epochs}, steps={steps}"
+        )
