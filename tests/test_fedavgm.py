@@ -1,12 +1,15 @@
-"""FedAvgM: the server's momentum step, FedAvg as its special case and its checkpointed velocity."""
+"""FedAvgM: the server's momentum step, FedAvg as its special case, its checkpointed velocity and its keys' ranges."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from plfl.checkpoint import load_latest_checkpoint
+from plfl.config import load_config
+from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.methods.fedavgm import FedAvgM, FedAvgMConfig, server_momentum_step
 
@@ -57,6 +60,20 @@ def test_velocity_is_server_state_and_resumes(tiny_federation):
     method.aggregate(second, round_=2)
     fresh.aggregate(second, round_=2)
     assert all(torch.equal(fresh.global_params[k], v) for k, v in method.global_params.items())
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("method.server_momentum=1", "Config key 'method.server_momentum' must be a number in [0, 1); got 1.0."),
+        ("method.server_momentum=-0.1", "Config key 'method.server_momentum' must be a number in [0, 1); got -0.1."),
+        ("method.server_lr=0", "Config key 'method.server_lr' must be a number > 0; got 0.0."),
+    ],
+)
+def test_out_of_range_keys_are_refused_with_the_key_named(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(CONFIG, [override])
+    assert message in str(info.value)
 
 
 def test_fedavgm_config_runs_end_to_end_with_the_cli(tmp_path):
