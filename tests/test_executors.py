@@ -1,9 +1,10 @@
 """Executors: the vectorized executor trains, steps and evaluates as the sequential one does, and falls back with a
-notice (every method's parity on every executor: test_executor_matrix.py)."""
+notice; every method runs vectorized as sequential (on Ray: tests/test_ray.py)."""
 
 import contextlib
 import copy
 import csv
+import math
 import warnings
 
 import pytest
@@ -22,6 +23,7 @@ from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
 from plfl.methods import methods
 from plfl.methods.ala import ALAConfig, local_aggregation
+from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig
 from plfl.models import build_model
 from plfl.tasks import ClientFailure, EvalTask, ProximalTerm, StepTask, TrainResult, TrainTask
 
@@ -386,6 +388,35 @@ def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p,
         assert one.state.keys() == other.state.keys() == set(top)
         for key in one.state:
             torch.testing.assert_close(one.state[key], other.state[key], atol=1e-5, rtol=0)
+
+
+def test_a_client_without_a_batch_takes_no_step_on_either_executor():
+    """Per-FedAvg on a client of 5 samples at batch size 5: its one loader batch of 2B = 10 cannot hold D and D′,
+    so no step runs; beside a client that trains, both executors return its state unchanged with no samples."""
+    g = torch.Generator().manual_seed(0)
+    data = FederatedData(
+        "two",
+        [
+            ClientData(
+                torch.randn(n, 8, generator=g),
+                torch.randint(0, 3, (n,), generator=g),
+                torch.randn(2, 8),
+                torch.zeros(2, dtype=torch.long),
+            )
+            for n in (5, 23)
+        ],
+        num_classes=3,
+        input_shape=(8,),
+    )
+    context, model = make_context(data)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    method = PerFedAvg(PerFedAvgConfig(), context, start)
+    tasks = [next(method.local_train(i, start, start, 1)) for i in range(2)]
+    for results in (sequential(context).step(tasks), vectorized(context).step(tasks)):
+        idle, trained = results
+        assert idle.samples_seen == 0 and idle.epochs == 0 and math.isnan(idle.loss)
+        assert all(torch.equal(idle.state[k], v) for k, v in start.items())
+        assert trained.samples_seen == 20  # 23 = 2 × 10 + a short rest of 3, left out
 
 
 def test_resnet18_trains_and_evaluates_vectorized_as_sequential():

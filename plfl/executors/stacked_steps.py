@@ -61,6 +61,8 @@ class StepState:
 
     def save(self, order: list[int], cohort: dict[str, Params]) -> None:
         """The cohort's stacked ``state`` and loss sums of members ``order`` ← rows 0..len(order)-1."""
+        if not order:
+            return
         run = torch.tensor(order, device=self.last.device)
         for part in ("state", "sums"):
             for name, rows in self.rows(part).items():
@@ -115,12 +117,11 @@ class StackedSteps:
             state.share(first.shared)
         epoch_losses: list[list[float]] = [[] for _ in tasks]
         seen = [0] * len(tasks)
-        running, order, epoch = list(range(len(tasks))), None, 0
+        running, order, epoch = [c for c in range(len(tasks)) if rows[c]], [], 0  # a client may have no batch
         while running:
             now = sorted(running, key=lambda c: -len(rows[c][epoch]))
             if now != order:
-                if order is not None:
-                    state.save(order, cohort)
+                state.save(order, cohort)
                 state.load(now, cohort, common)
                 order = now
             self._epoch(state, first.step, fixed, common, split, offsets, [rows[c][epoch] for c in order], order)
