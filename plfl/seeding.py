@@ -26,6 +26,8 @@ FINE_TUNING, PERSONAL_TRAINING, ADAPTATION, HEAD_TRAINING = range(6, 10)
 AUGMENTATION = 10
 # A validation split held out of a client's training split once per run (FedFomo).
 VALIDATION_SPLIT = 11
+# PartialFed-Adaptive's Gumbel noise and held-back samples of one participation.
+PARTIAL_STRATEGY = 12
 
 
 def derive_seed(seed: int, round_: int, client_id: int, stream: int) -> int:

@@ -118,8 +118,8 @@ def run_loop(method, context: FederationContext, executor: Optional[Executor] = 
 
 
 # The executor matrix: every method on the digits federation below, with these options (the others' defaults):
-# FedAvg with momentum and short last batches (n mod 7 ≠ 0), FedBN on its BatchNorm model, Self-FL past its
-# warm-up within the 3 rounds.
+# FedAvg with momentum and short last batches (n mod 7 ≠ 0), FedBN on its BatchNorm model, Self-FL and
+# PartialFed-Adaptive past their warm-ups within the 3 rounds.
 MATRIX_OPTIONS = {
     "fedavg": {"federation.momentum": 0.5, "federation.batch_size": 7},
     "fedala": {"method.p": 2},
@@ -127,6 +127,7 @@ MATRIX_OPTIONS = {
     "fedprox": {"method.mu": 0.1},
     "heurpfedla": {"method.k": 1},
     "selffl": {"method.warmup_rounds": 1, "method.l_max": 5},
+    "partialfed": {"method.strategy": "adaptive", "method.warmup_rounds": 1},
 }
 
 

@@ -40,13 +40,14 @@ TITLES = [
     "Global-model accuracy (solid) and personalized accuracy (dotted)",
     "ALA weight statistics",
     "Self-FL: variances and local steps",
+    "PartialFed: probability of loading each layer from the global model",
 ]
 
 
 @pytest.fixture(scope="module")
 def runs_root(tmp_path_factory) -> Path:
-    """Three tiny real runs on digits (5 clients, MLP): FedALA and pFedLA for 2 rounds, Self-FL for 3
-    (one warm-up round, so that σ_m² and l_m exist)."""
+    """Four tiny real runs on digits (5 clients, MLP): FedALA and pFedLA for 2 rounds, Self-FL for 3
+    (one warm-up round, so that σ_m² and l_m exist), PartialFed-Adaptive for 2 (one warm-up round)."""
     from plfl.experiment import run_experiment
 
     root = tmp_path_factory.mktemp("runs")
@@ -63,6 +64,7 @@ def runs_root(tmp_path_factory) -> Path:
             "fedala": [],
             "pfedla": [],
             "selffl": ["federation.rounds=3", "method.warmup_rounds=1"],
+            "partialfed": ["method.strategy=adaptive", "method.warmup_rounds=1"],
         }.items():
             dotlist = [f"name={name}", f"method.name={name}", *overrides]
             run_experiment(validate(OmegaConf.merge(base, OmegaConf.from_dotlist(dotlist))))
@@ -131,7 +133,7 @@ def test_page_holds_every_panel_and_no_network_reference(runs_root, tmp_path):
     assert own.count("<script") == 1 + len(TITLES) + 1 + 1  # plotly.js, one per figure, the legend link
     for title in TITLES + ["Aggregation weights \u03b1 of pfedla, round 2"]:
         assert json.dumps(title)[1:-1] in page, title
-    for details in (f"{m}, digits Dir(0.5), 5 clients, seed 0" for m in ("fedala", "pfedla", "selffl")):
+    for details in (f"{m}, digits Dir(0.5), 5 clients, seed 0" for m in ("fedala", "pfedla", "selffl", "partialfed")):
         assert details in page  # in the hover texts
 
 
@@ -166,6 +168,12 @@ def test_figures_hold_the_runs_data(runs_root):
     assert (personalized.name, personalized.line.dash, personalized.showlegend) == ("selffl", "dot", False)
     steps = [t for t in figures["Self-FL: variances and local steps"].data if t.mode == "markers"]
     assert steps, "the clients' σ_m² and l_m from tables/selffl_clients.csv"
+
+    # PartialFed-Adaptive's strategy: a line per layer with the table's probabilities.
+    table = read_csv(run_dir(runs_root, "partialfed") / "tables" / "partialfed_strategy.csv")
+    strategy = figures["PartialFed: probability of loading each layer from the global model"].data
+    assert {t.legendgroup for t in strategy} == {"partialfed"} and len(strategy) == len({r["layer"] for r in table})
+    assert sorted(y for t in strategy for y in t.y) == pytest.approx(sorted(r["global_probability"] for r in table))
 
     # pFedLA's Fig. 6: a client × client heatmap per layer; each client's weights over j sum to 1.
     (heatmaps,) = [f for title, f in figures.items() if title.startswith("Aggregation weights")]

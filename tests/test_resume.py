@@ -124,6 +124,7 @@ EXTRA_OPTIONS = {
     # Schedules over the run's rounds unless fixed: APPLE's end L, FedPHP's T.
     "apple": {"method.schedule_rounds": 3},
     "fedphp": {"method.inheritance_rounds": 3},
+    "partialfed": {"method.strategy": "adaptive", "method.warmup_rounds": 1},  # the learned strategy resumes too
 }
 
 

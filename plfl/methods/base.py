@@ -140,15 +140,11 @@ class Method:
 
     def train_task(self, client_id: int, params: Params, round_: int, stream: int, **options: Any) -> TrainTask:
         """Training from ``params`` on the client's :meth:`training_samples`, its batch order drawn from
-        (seed, round, client, ``stream``); ``options``: epochs or steps, and optionally trainable and
-        proximal (see :class:`plfl.tasks.TrainTask`). A hook yields it and receives its TrainResult."""
-        return TrainTask(
-            client_id,
-            params,
-            derive_seed(self.seed, round_, client_id, stream),
-            samples=self.training_samples(client_id),
-            **options,
-        )
+        (seed, round, client, ``stream``); ``options``: epochs or steps, and optionally trainable, proximal and
+        samples, other ones than :meth:`training_samples` (see :class:`plfl.tasks.TrainTask`). A hook yields it
+        and receives its TrainResult."""
+        options = {"samples": self.training_samples(client_id), **options}
+        return TrainTask(client_id, params, derive_seed(self.seed, round_, client_id, stream), **options)
 
     def step_task(
         self, client_id: int, step: Step, state: Params, round_: int, stream: int, **options: Any

@@ -260,6 +260,37 @@ def selffl_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
     return fig
 
 
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
+
+
+def partialfed_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
+    """PartialFed-Adaptive's learned strategy: per layer, the clients' mean probability of loading it from the
+    global model (tables/partialfed_strategy.csv), one line per layer (dash) and run (colour)."""
+    own = [r for r in runs if r.tables.get("partialfed_strategy")]
+    if not own:
+        return None
+    fig = go.Figure()
+    for run in own:
+        rows = run.tables["partialfed_strategy"]
+        for i, layer in enumerate(dict.fromkeys(r["layer"] for r in rows)):
+            points = [r for r in rows if r["layer"] == layer]
+            fig.add_trace(
+                _line(
+                    runs,
+                    run,
+                    [r["round"] for r in points],
+                    [r["global_probability"] for r in points],
+                    f"layer {layer}: ",
+                    DASHES[i % len(DASHES)],
+                    "%{y:.3f}",
+                    show_legend=i == 0,
+                )
+            )
+    fig = _layout(fig, "PartialFed: probability of loading each layer from the global model", "probability")
+    fig.update_yaxes(range=[0, 1])
+    return fig
+
+
 def aggregation_weight_figure(run: ReportRun) -> Optional[go.Figure]:
     """pFedLA / HeurpFedLA aggregation weights α_i^{l,j} at the last round in
     tables/aggregation_weights.csv (pFedLA's Fig. 6): one heatmap per layer l, client i (rows) ×
@@ -318,6 +349,7 @@ def all_figures(runs: list[ReportRun]) -> list[go.Figure]:
         global_accuracy_figure(runs),
         ala_figure(runs),
         selffl_figure(runs),
+        partialfed_figure(runs),
     ]
     figures += [aggregation_weight_figure(run) for run in runs]
     return [f for f in figures if f is not None]
