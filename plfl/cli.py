@@ -8,7 +8,6 @@ config errors, ``--print-config`` and ``plfl methods`` answer in well under a se
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import sys
@@ -162,21 +161,16 @@ def example_configs() -> str:
 
 def methods(args: argparse.Namespace) -> None:
     """Print each method's summary and its ``method.*`` keys: default, allowed values, meaning."""
-    from plfl.fields import allowed as allowed_values
+    from plfl.fields import key_rows
     from plfl.methods import method_class, methods, summary
 
     classes = {name: method_class(name) for name in args.names or methods()}  # unknown names fail first
     for name, cls in classes.items():
         print(f"{name}: {summary(cls)}")
-        for f in dataclasses.fields(cls.config_class):
-            if f.name == "name":
-                continue
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            allowed = f" ({allowed_values(f)})" if "allowed" in f.metadata else ""
-            doc = f.metadata.get("doc", "")
-            print(
-                f"  method.{f.name} = {'null' if default is None else default}{allowed}" + (f": {doc}" if doc else "")
-            )
+        for row in key_rows(cls.config_class, "method."):
+            if row.key != "method.name":
+                allowed = f" ({row.allowed})" if row.allowed else ""
+                print(f"  {row.key} = {row.default}{allowed}" + (f": {row.doc}" if row.doc else ""))
         print()
 
 

@@ -20,7 +20,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from plfl.cluster import import_ray
 from plfl.errors import ConfigError, PlflError
-from plfl.fields import allowed, checked, one_of
+from plfl.fields import allowed, checked, documented, one_of
 from plfl.methods import method_class
 
 PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
@@ -55,51 +55,90 @@ class DataConfig:
             ``partition`` does not read (``beta`` with ``partition=classes``).
     """
 
-    source: str = one_of("digits", lambda: data_sources())
-    # Directory of the files; relative paths resolve against the current directory.
-    root: Optional[str] = None
-    # Number of clients (default 20); ``pfllib`` without ``repartition`` takes it from config.json (a set value
-    # must agree).
-    num_clients: Optional[int] = checked(None, lambda v: v is None or v >= 1, "an integer >= 1")
-    partition: str = one_of("dirichlet", PARTITIONS)
-    # ``pfllib``: pool all clients' train and test files and partition them like a pooled source.
-    repartition: bool = False
-    # Dirichlet concentration β: smaller is more skewed.
-    beta: float = checked(0.1, lambda v: v > 0, "a number > 0")
-    # Pathological and classes partitions: distinct classes per client.
-    classes_per_client: int = checked(2, lambda v: v >= 1, "an integer >= 1")
-    # Dominant partition: classes per client that hold ``dominant_fraction`` of its samples.
-    dominant_classes: int = checked(2, lambda v: v >= 1, "an integer >= 1")
-    # 0.8: FedAMP's practical non-IID setting (80 % of a client's data from its dominant classes).
-    dominant_fraction: float = checked(0.8, lambda v: 0 < v < 1, "a number in (0, 1)")
-    # Fraction of each client's samples held out as its test split.
-    test_fraction: float = checked(0.25, lambda v: 0 < v < 1, "a number in (0, 1)")
-    # Dirichlet: every client gets at least this many samples (train + test).
-    min_samples: int = checked(10, lambda v: v >= 2, "an integer >= 2")
-    # Dirichlet: how many draws to try before giving up on ``min_samples``.
-    max_retries: int = checked(100, lambda v: v >= 1, "an integer >= 1")
-    # torchvision sources only; there is no network here, so it stays off by default.
-    download: bool = False
-    # ``imagefolder``: where decoded images are cached (null: $XDG_CACHE_HOME/plfl, else ~/.cache/plfl).
-    cache_dir: Optional[str] = None
-    # Training batches get a random crop (4-pixel zero padding) and a horizontal flip per sample; images only.
-    augment: bool = False
-    # agnews: file names under ``root`` (the official names; a prefix of train.csv works too).
-    train_file: str = "train.csv"
-    test_file: str = "test.csv"
-    # Text: most token ids, [PAD] and [UNK] included (32000: PFLlib's AG News cap); trained on training texts only.
-    vocab_size: int = checked(32000, lambda v: v >= 3, "an integer >= 3")
-    # Text: token ids per sample; longer texts are cut, shorter ones padded with id 0 (200: FedALA, PFLlib).
-    max_length: int = checked(200, lambda v: v >= 1, "an integer >= 1")
-    # shakespeare: a speaking role needs this many characters (= samples) to be a client; >= 400 leaves every
-    # client a test window after LEAF's 79-window gap. 10,000 gives 36 clients on tiny Shakespeare.
-    min_chars: int = checked(10_000, lambda v: v >= 400, "an integer >= 400")
-    # ``leaf``: the shape each flat x row is reshaped to, (C, H, W); required for image data ([1, 28, 28]: FEMNIST).
-    image_shape: Optional[list[int]] = checked(
-        None, lambda v: v is None or (len(v) > 0 and min(v) >= 1), "null or a non-empty list of integers >= 1"
+    source: str = one_of("digits", lambda: data_sources(), "the data set and its reader (the data sources' guide)")
+    root: Optional[str] = documented(
+        None, "directory (or file) of the data; a relative path resolves against the current directory"
     )
-    # ``leaf``: the number of classes; null: the largest label of both splits + 1 (state it when classes may be absent).
-    num_classes: Optional[int] = checked(None, lambda v: v is None or v >= 2, "null or an integer >= 2")
+    num_clients: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "an integer >= 1",
+        "clients of a partitioned source (null: 20); pfllib without repartition and leaf take theirs from the "
+        "files, and a value set must agree",
+    )
+    partition: str = one_of(
+        "dirichlet",
+        PARTITIONS,
+        "how a pooled data set is split over clients: Dirichlet label skew, pathological (c classes each, "
+        "disjoint samples), classes (pFedLA's non-IID_1), dominant (pFedLA's non-IID_2), iid",
+    )
+    repartition: bool = documented(
+        False, "pfllib: pool all clients' train and test files and partition them like a pooled source"
+    )
+    beta: float = checked(0.1, lambda v: v > 0, "a number > 0", "dirichlet: concentration β; smaller is more skewed")
+    classes_per_client: int = checked(
+        2, lambda v: v >= 1, "an integer >= 1", "pathological and classes: distinct classes per client (c)"
+    )
+    dominant_classes: int = checked(
+        2, lambda v: v >= 1, "an integer >= 1", "dominant: classes per client that hold dominant_fraction of it (d)"
+    )
+    dominant_fraction: float = checked(
+        0.8,
+        lambda v: 0 < v < 1,
+        "a number in (0, 1)",
+        "dominant: share of a client's samples from its dominant classes (f; 0.8 is FedAMP's practical non-IID)",
+    )
+    test_fraction: float = checked(
+        0.25, lambda v: 0 < v < 1, "a number in (0, 1)", "share of each client's samples held out as its test split"
+    )
+    min_samples: int = checked(
+        10, lambda v: v >= 2, "an integer >= 2", "dirichlet: every client gets at least this many samples"
+    )
+    max_retries: int = checked(
+        100, lambda v: v >= 1, "an integer >= 1", "dirichlet: draws tried before giving up on min_samples"
+    )
+    download: bool = documented(False, "torchvision sources: let torchvision download missing files (needs internet)")
+    cache_dir: Optional[str] = documented(
+        None, "imagefolder: where decoded images are cached (null: $XDG_CACHE_HOME/plfl, else ~/.cache/plfl)"
+    )
+    augment: bool = documented(
+        False,
+        "images: each training sample is zero-padded by 4 pixels, randomly cropped back and flipped left-right "
+        "with probability ½, drawn from the run's seeds; evaluation never augments",
+    )
+    train_file: str = documented("train.csv", "agnews: the training CSV under root (a prefix of train.csv works)")
+    test_file: str = documented("test.csv", "agnews: the test CSV under root")
+    vocab_size: int = checked(
+        32000,
+        lambda v: v >= 3,
+        "an integer >= 3",
+        "text (agnews, leaf): most token ids, [PAD] = 0 and [UNK] = 1 included; learnt on training texts only",
+    )
+    max_length: int = checked(
+        200,
+        lambda v: v >= 1,
+        "an integer >= 1",
+        "text (agnews, leaf): token ids per sample; longer texts are cut, shorter ones padded with 0",
+    )
+    min_chars: int = checked(
+        10_000,
+        lambda v: v >= 400,
+        "an integer >= 400",
+        "shakespeare: characters (= samples) a speaking role needs to be a client; >= 400 leaves every client a "
+        "test window after LEAF's 79-window gap",
+    )
+    image_shape: Optional[list[int]] = checked(
+        None,
+        lambda v: v is None or (len(v) > 0 and min(v) >= 1),
+        "null or a non-empty list of integers >= 1",
+        "leaf: the shape (C, H, W) each flat x row is reshaped to; required for image data ([1, 28, 28]: FEMNIST)",
+    )
+    num_classes: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 2,
+        "null or an integer >= 2",
+        "leaf: the class count (null: the largest label of both splits + 1; set it when classes may be absent)",
+    )
 
     @property
     def clients(self) -> int:
@@ -171,19 +210,28 @@ class DataConfig:
 class ModelConfig:
     """The network (``model.*``); input shape and class count come from the data."""
 
-    name: str = one_of("mlp", lambda: model_names())
-    # MLP only: widths of the hidden layers.
-    hidden_sizes: list[int] = field(default_factory=lambda: [200])
-    # CNN, LeNet-5 and MLP: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them.
-    batch_norm: bool = False
-    # fasttext, transformer, lstm: width of the token embeddings (null: the model's own, 32 for fasttext and
-    # transformer as FedALA's fastText, 8 for lstm as LEAF's).
-    embedding_dim: Optional[int] = checked(None, lambda v: v is None or v >= 1, "an integer >= 1")
-    # transformer only: encoder layers, and attention heads per layer (embedding_dim must be a multiple).
-    num_layers: int = checked(2, lambda v: v >= 1, "an integer >= 1")
-    num_heads: int = checked(2, lambda v: v >= 1, "an integer >= 1")
-    # lstm only: LSTM hidden units (LEAF's 256).
-    hidden_dim: int = checked(256, lambda v: v >= 1, "an integer >= 1")
+    name: str = one_of(
+        "mlp",
+        lambda: model_names(),
+        "the network, split into a body (representation) and a head (last classifier layer): mlp, cnn (FedAvg's "
+        "4-layer CNN), lenet5, resnet18 (torchvision); for text fasttext, transformer, lstm (LEAF's)",
+    )
+    hidden_sizes: list[int] = documented(doc="mlp: widths of the hidden layers", default_factory=lambda: [200])
+    batch_norm: bool = documented(
+        False, "cnn, lenet5, mlp: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them"
+    )
+    embedding_dim: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "an integer >= 1",
+        "fasttext, transformer, lstm: width of the token embeddings (null: 32 for fasttext and transformer, "
+        "as FedALA's fastText; 8 for lstm, as LEAF's)",
+    )
+    num_layers: int = checked(2, lambda v: v >= 1, "an integer >= 1", "transformer: encoder layers")
+    num_heads: int = checked(
+        2, lambda v: v >= 1, "an integer >= 1", "transformer: attention heads per layer (divides embedding_dim)"
+    )
+    hidden_dim: int = checked(256, lambda v: v >= 1, "an integer >= 1", "lstm: LSTM hidden units (LEAF's 256)")
 
     def __post_init__(self) -> None:
         # Keys that only some models read.
@@ -218,32 +266,52 @@ class ModelConfig:
 class FederationConfig:
     """Rounds, client sampling and local training (``federation.*``)."""
 
-    rounds: int = checked(20, lambda v: v >= 0, "an integer >= 0")
-    # Fraction of clients sampled for training in each round.
-    join_ratio: float = checked(1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
-    local_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1")
-    batch_size: int = checked(10, lambda v: v >= 1, "an integer >= 1")
-    lr: float = checked(0.005, lambda v: v > 0, "a number > 0")
-    # SGD momentum of local training (FedFTHA uses 0.5); its buffer does not outlive a client's round.
-    momentum: float = checked(0.0, lambda v: 0 <= v < 1, "a number in [0, 1)")
-    seed: int = 0
-    # Evaluate every this many rounds (the last round is always evaluated).
-    eval_every: int = checked(1, lambda v: v >= 1, "an integer >= 1")
-    # A client whose training raises or returns NaN/Inf is left out of its round's aggregation;
-    # the round fails when more than this many sampled clients fail (null: only when all of them do).
-    max_failed_clients: Optional[int] = checked(None, lambda v: v is None or v >= 0, "null or an integer >= 0")
-    # Where the clients' training and evaluation run: one after another on one Lightning Trainer (sequential),
-    # a round's clients stacked and trained in lock-step with torch.func (vectorized), or spread over a pool of
-    # Ray actors (ray, options in the ray section; plfl.executors).
-    executor: str = one_of("sequential", EXECUTORS)
-    # vectorized: the most clients stacked at once (null: all of a call's); memory grows linearly with it.
-    cohort_size: Optional[int] = checked(None, lambda v: v is None or v >= 1, "null or an integer >= 1")
-    # vectorized on a CUDA device: each lock-step step (training, ALA, evaluation) is captured once per shape as a
-    # CUDA graph and replayed (false: launched op by op, e.g. to compare).
-    cuda_graphs: bool = True
-    # Keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state
-    # instead of RAM, reading a client's when it is used: for many clients (plfl.state).
-    state_offload: bool = False
+    rounds: int = checked(20, lambda v: v >= 0, "an integer >= 0", "R: rounds of training; rounds 0..R are evaluated")
+    join_ratio: float = checked(
+        1.0, lambda v: 0 < v <= 1, "a number in (0, 1]", "fraction of the clients sampled for training each round"
+    )
+    local_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1", "local epochs per round")
+    batch_size: int = checked(10, lambda v: v >= 1, "an integer >= 1", "mini-batch size of local training")
+    lr: float = checked(0.005, lambda v: v > 0, "a number > 0", "SGD learning rate of local training")
+    momentum: float = checked(
+        0.0,
+        lambda v: 0 <= v < 1,
+        "a number in [0, 1)",
+        "SGD momentum of local training (FedFTHA uses 0.5); its buffer does not outlive a client's round",
+    )
+    seed: int = documented(0, "seeds the partition, the initial model, client sampling and every batch order")
+    eval_every: int = checked(
+        1, lambda v: v >= 1, "an integer >= 1", "evaluate every this many rounds (and always the last)"
+    )
+    max_failed_clients: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 0,
+        "null or an integer >= 0",
+        "a client whose training raises or diverges is left out of its round; the round fails when more than "
+        "this many fail (null: only when all do)",
+    )
+    executor: str = one_of(
+        "sequential",
+        EXECUTORS,
+        "where client work runs: one client after another on one Lightning Trainer (sequential), a round's "
+        "clients stacked and trained in lock-step with torch.func (vectorized), or a pool of Ray actors (ray)",
+    )
+    cohort_size: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "null or an integer >= 1",
+        "vectorized: the most clients stacked at once (null: all of a call's); memory grows linearly with it",
+    )
+    cuda_graphs: bool = documented(
+        True,
+        "vectorized on CUDA: capture each lock-step step once per shape as a CUDA graph and replay it (false: "
+        "launch its kernels one by one)",
+    )
+    state_offload: bool = documented(
+        False,
+        "keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state "
+        "instead of RAM: for many clients",
+    )
 
     def __post_init__(self) -> None:
         if not self.cuda_graphs and self.executor != "vectorized":
@@ -264,13 +332,18 @@ class FederationConfig:
 class RayConfig:
     """The Ray actors of ``federation.executor=ray`` (``ray.*``); Ray is optional: ``pip install -e '.[ray]'``."""
 
-    # local: start Ray on this machine with the actors' CPUs; auto: join the cluster this machine belongs to
-    # (ray start); host:port: a cluster's head; ray://host:10001: a remote cluster through Ray Client.
-    address: str = "local"
-    num_actors: int = checked(2, lambda v: v >= 1, "an integer >= 1")
-    # Ray's resources per actor; fractions let several actors share a CPU or a GPU.
-    num_cpus_per_actor: float = checked(1.0, lambda v: v > 0, "a number > 0")
-    num_gpus_per_actor: float = checked(0.0, lambda v: v >= 0, "a number >= 0")
+    address: str = documented(
+        "local",
+        "local: start Ray in the plfl process with the actors' CPUs; auto: join the cluster of this host (ray "
+        "start); HOST:PORT: a cluster's head; ray://HOST:10001: a remote cluster through Ray Client",
+    )
+    num_actors: int = checked(2, lambda v: v >= 1, "an integer >= 1", "Ray actors, each running one task at a time")
+    num_cpus_per_actor: float = checked(
+        1.0, lambda v: v > 0, "a number > 0", "Ray CPUs per actor (its torch threads); fractions share a CPU"
+    )
+    num_gpus_per_actor: float = checked(
+        0.0, lambda v: v >= 0, "a number >= 0", "Ray GPUs per actor; fractions such as 0.25 share a GPU"
+    )
 
 
 @dataclass
@@ -278,39 +351,54 @@ class LoggerConfig:
     """Where metrics go besides the console (``logger.*``).
 
     ``csv`` writes metrics.csv and clients.csv in the run directory; ``wandb``
-    does that and logs to Weights & Biases; ``none`` writes only config.yaml
-    and summary.json.
+    does that and logs to Weights & Biases; ``none`` writes no metrics files,
+    only config.yaml, summary.json and the checkpoints.
     """
 
-    name: str = one_of("csv", LOGGERS)
-    project: str = "plfl"
-    entity: Optional[str] = None
+    name: str = one_of(
+        "csv",
+        LOGGERS,
+        "csv: result files in the run directory; wandb: those and Weights & Biases; none: no metrics files, only "
+        "config.yaml, summary.json and the checkpoints",
+    )
+    project: str = documented("plfl", "wandb: the W&B project")
+    entity: Optional[str] = documented(None, "wandb: the W&B entity (null: the account's default)")
 
 
 @dataclass
 class TrainerConfig:
     """Options passed to the one Lightning ``Trainer`` (``trainer.*``)."""
 
-    accelerator: str = "cpu"
-    devices: int = 1
-    precision: str = "32-true"
+    accelerator: str = documented("cpu", "Lightning's accelerator: cpu, gpu (or cuda), ...")
+    devices: int = documented(1, "Lightning's devices (plfl trains on one)")
+    precision: str = documented(
+        "32-true",
+        "Lightning's precision (32-true, bf16-mixed, ...); 32-true is IEEE float32 on a GPU too (TF32 off), so "
+        "GPU and CPU runs agree to float rounding",
+    )
 
 
 @dataclass
 class ExperimentConfig:
     """The whole experiment; ``method`` is checked by the named method's own schema."""
 
-    # Run name: runs/<name>/<time>/; defaults to "<method>-<data source>".
-    name: Optional[str] = None
-    output_dir: str = "runs"
-    progress_bar: bool = True
-    # Save the federation's state every this many rounds and after the last (0: never); plfl fit --resume.
-    checkpoint_every: int = checked(1, lambda v: v >= 0, "an integer >= 0")
-    # How many of the newest checkpoints to keep (more than one survives a damaged latest file).
-    keep_checkpoints: int = checked(2, lambda v: v >= 1, "an integer >= 1")
+    name: Optional[str] = documented(
+        None, "run name: the run directory is <output_dir>/<name>/<time>/ (null: <method>-<data source>)"
+    )
+    output_dir: str = documented("runs", "where run directories are made")
+    progress_bar: bool = documented(True, "a progress bar with ETA on stderr")
+    checkpoint_every: int = checked(
+        1,
+        lambda v: v >= 0,
+        "an integer >= 0",
+        "save the federation's state every this many rounds and after the last (0: never); plfl fit --resume",
+    )
+    keep_checkpoints: int = checked(2, lambda v: v >= 1, "an integer >= 1", "the newest checkpoints kept on disk")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    method: Any = field(default_factory=lambda: {"name": "fedavg"})
+    method: Any = documented(
+        doc="the method (method.name, one of plfl methods) and its own keys", default_factory=lambda: {"name": "fedavg"}
+    )
     federation: FederationConfig = field(default_factory=FederationConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

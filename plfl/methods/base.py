@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from plfl.errors import ConfigError
+from plfl.fields import documented
 from plfl.methods.ala import ALAConfig, ala_metrics, local_aggregation, top_names
 from plfl.seeding import LOCAL_TRAINING, derive_seed
 from plfl.state import ClientStateStore, Params
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 class MethodConfig:
     """Keys every method accepts (``method.*``)."""
 
-    name: str = "fedavg"
+    name: str = documented("fedavg", "the method (plfl methods lists them); its own keys sit beside it")
 
 
 @dataclass
