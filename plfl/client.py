@@ -101,7 +101,7 @@ class ClientModule(L.LightningModule):
 
     def training_step(self, dataloader_iter: Iterator) -> None:
         """SGD steps on the loader's batches until this local epoch's batches or the fit's step budget
-        (``trainer.max_steps``) run out; each batch is x (B, *input_shape), y (B,) int64 labels, already on
+        (``trainer.max_steps``) run out; each batch is x ``(B, *input_shape)``, y (B,) int64 labels, already on
         the module's device (:meth:`LocalTrainer.train` moves a client's data there once per fit).
 
         Lightning's ``dataloader_iter`` flavour, so that its loop runs once per local epoch instead of once
@@ -182,7 +182,7 @@ class LocalTrainer:
 
         Args:
             params: the starting state (not modified).
-            x: (n, *input_shape) training inputs; y: (n,) int64 labels.
+            x: ``(n, *input_shape)`` training inputs; y: (n,) int64 labels.
             seed: seeds the shuffling of the mini-batches and the module's ``train_transform``.
             epochs / steps: exactly one of them, ≥ 1.
             trainable: names of the parameters to update (default: all); the others stay frozen.
@@ -220,7 +220,7 @@ class LocalTrainer:
         return TrainResult(trained, self.module.mean_train_loss, self.module.samples_seen)
 
     def evaluate(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> EvalResult:
-        """Accuracy and mean loss of ``params`` on ``(x, y)``; x: (n, *input_shape), y: (n,)."""
+        """Accuracy and mean loss of ``params`` on ``(x, y)``; x: ``(n, *input_shape)``, y: (n,)."""
         module = self.module
         module.model.load_state_dict(params)
         module.test_accuracy.reset()

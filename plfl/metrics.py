@@ -14,12 +14,12 @@ WORST_FRACTION = 0.1
 def federation_metrics(results: dict[int, EvalResult]) -> dict[str, float]:
     """Summaries of every client's model on its own test split.
 
-    Returns (accuracies are fractions in [0, 1]):
-        accuracy: total correct / total test samples over all clients (the papers' "averaged accuracy");
-        client_accuracy_mean / client_accuracy_std: unweighted mean and (population) std over
-            the clients that have test samples;
-        worst10_accuracy: mean accuracy of the worst ⌈10 %⌉ of those clients;
-        test_loss: sample-weighted mean cross-entropy.
+    Returns:
+        Accuracies as fractions in [0, 1]: ``accuracy``, total correct / total test samples over all clients
+        (the papers' "averaged accuracy"); ``client_accuracy_mean`` and ``client_accuracy_std``, the unweighted
+        mean and (population) std over the clients that have test samples; ``worst10_accuracy``, the mean
+        accuracy of the worst ⌈10 %⌉ of those clients; and ``test_loss``, the sample-weighted mean
+        cross-entropy.
 
     Raises:
         ValueError: no results, or no test samples at all.

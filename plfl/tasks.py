@@ -75,7 +75,7 @@ class TrainTask:
 
 
 class Batch(NamedTuple):
-    """One mini-batch as a step sees it: x (W, *input_shape), y (W,) int64, and mask (W,) float 1/0 marking
+    """One mini-batch as a step sees it: x ``(W, *input_shape)``, y (W,) int64, and mask (W,) float 1/0 marking
     the real samples of a padded batch (the vectorized executor's) or None when all W are real."""
 
     x: torch.Tensor

@@ -1,4 +1,4 @@
-"""Plain result files in the run directory: metrics.csv, clients.csv, tables/*.csv, summary.json."""
+"""Plain result files in the run directory: metrics.csv, clients.csv, ``tables/*.csv``, summary.json."""
 
 from __future__ import annotations
 

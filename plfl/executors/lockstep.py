@@ -70,7 +70,7 @@ class MaskedBatchNorm(nn.Module):
         self.update: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (W, C) or (W, C, *spatial) → the same shape."""
+        """x: (W, C) or ``(W, C, *spatial)`` → the same shape."""
         shape = (1, -1) + (1,) * (x.dim() - 2)
         if self.training or self.running_mean is None:
             mask = x.new_ones(len(x)) if self.mask is None else self.mask
@@ -153,7 +153,7 @@ def masked(norms: list[tuple[str, MaskedBatchNorm]], mask: torch.Tensor) -> Iter
 @dataclass
 class Split:
     """Every client's samples of one split, concatenated on one device: client i holds rows
-    ``offsets[i] : offsets[i] + sizes[i]`` of ``x`` (N, *input_shape) and ``y`` (N,)."""
+    ``offsets[i] : offsets[i] + sizes[i]`` of ``x`` ``(N, *input_shape)`` and ``y`` (N,)."""
 
     x: torch.Tensor
     y: torch.Tensor
@@ -189,7 +189,7 @@ class CohortState:
     one cohort (:class:`~plfl.executors.step_graphs.StepGraphs`) serves the next: row c of each tensor is
     member c's.
 
-    ``state``: name → (capacity, *shape) for every tensor of ``template`` (a client's state dict);
+    ``state``: name → ``(capacity, *shape)`` for every tensor of ``template`` (a client's state dict);
     ``velocity``: the SGD momentum buffer of each parameter in ``parameters`` (when ``momentum``);
     ``anchor``: the proximal term's anchor of each parameter (allocated by the first :meth:`load` that has
     one); ``loss_sum``: (capacity,) float32 summed losses; ``correct``: (capacity,) float32 correct
@@ -233,7 +233,7 @@ class CohortState:
 
 
 def zero_rows(template: Params, capacity: int, device: torch.device) -> Params:
-    """name → zeros of shape (capacity, *template[name].shape) and its dtype: room for ``capacity`` clients."""
+    """name → zeros of shape ``(capacity, *template[name].shape)`` and its dtype: room for ``capacity`` clients."""
     return {k: torch.zeros((capacity, *v.shape), dtype=v.dtype, device=device) for k, v in template.items()}
 
 

@@ -28,9 +28,10 @@ from plfl.tasks import Batch, Step, StepResult, StepTask
 
 class StepState:
     """Up to ``capacity`` running clients' tensors, row c client c's: ``state``, ``inputs`` and (unless
-    ``common``, one copy for all) ``shared`` like one task's; the current batch's ``x`` (capacity, width,
-    *sample.shape), ``y`` (capacity, width) and ``mask`` (capacity, width); ``last`` (capacity,) each client's
-    latest step loss, ``loss_sum`` (float64) its losses weighted by their samples, ``weight`` those samples."""
+    ``common``, one copy for all) ``shared`` like one task's; the current batch's ``x``
+    ``(capacity, width, *sample.shape)``, ``y`` (capacity, width) and ``mask`` (capacity, width); ``last``
+    (capacity,) each client's latest step loss, ``loss_sum`` (float64) its losses weighted by their samples,
+    ``weight`` those samples."""
 
     def __init__(
         self, task: StepTask, common: bool, sample: torch.Tensor, capacity: int, width: int, device: torch.device

@@ -48,7 +48,7 @@ class PlainNetwork:
 def run_step_task(
     task: StepTask, network: PlainNetwork, x: torch.Tensor, y: torch.Tensor, batch_norm: bool
 ) -> StepResult:
-    """``task`` on the client's training split x (n, *input_shape), y (n,), on their device: ``task.step``
+    """``task`` on the client's training split x ``(n, *input_shape)``, y (n,), on their device: ``task.step``
     on each batch in turn; a fixed sample's batches are prepared once."""
     device = x.device
     state, inputs, shared = ({k: v.to(device) for k, v in d.items()} for d in (task.state, task.inputs, task.shared))

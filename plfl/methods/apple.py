@@ -2,7 +2,7 @@
 
 Client i owns a core model w_i^(c) and a directed-relationship (DR) vector p_i ∈ R^N; its
 personalized model is w_i^(p) = Σ_j p_ij w_j^(c). Each round the server sends every client all N
-core models (``server_message``, name → (N, *shape); PFLlib's serverapple.py sends all, and the
+core models (``server_message``, name → ``(N, *shape)``; PFLlib's serverapple.py sends all, and the
 FedALA paper ran APPLE with M = N = 20 downloads); the client builds w_i^(p) from them
 (``pre_local_init``: what is evaluated) and, per mini-batch of ``federation.local_epochs`` epochs
 (``local_train``, the step task :class:`APPLEStep`), takes one gradient step on its loss
@@ -92,7 +92,7 @@ def proximal_weight(round_index: int, mu: float, end: int) -> float:
 
 def mixture(p: torch.Tensor, own_index: torch.Tensor, cores: Params, own: Params) -> Params:
     """w^(p) = Σ_{j≠i} p_j w_j^(c) + p_i w_i^(c) for the tensors of ``own`` (w_i^(c)); p: (N,), own_index:
-    (N,) one-hot of i, cores: name → (N, *shape), whose row i is replaced by ``own``."""
+    (N,) one-hot of i, cores: name → ``(N, *shape)``, whose row i is replaced by ``own``."""
     others, self_weight = p * (1 - own_index), (p * own_index).sum()
     return {k: torch.tensordot(others, cores[k], dims=1) + self_weight * v for k, v in own.items()}
 
@@ -103,7 +103,7 @@ class APPLEStep(Step):
 
     State: w_i^(c) (the ``parameters`` and the buffers of the model) and ``relationships`` (p_i, (N,));
     inputs: ``own_index`` (the one-hot (N,) of i) and ``p0`` (p_i^(0), (N,)); shared: every client's core
-    (name → (N, *shape)). ``weight``: λ(r) μ; ``core_lr``: η_c; ``dr_lr``: η_p. The loss returned is the
+    (name → ``(N, *shape)``). ``weight``: λ(r) μ; ``core_lr``: η_c; ``dr_lr``: η_p. The loss returned is the
     cross-entropy F_i(w_i^(p)) before the step.
     """
 
@@ -150,7 +150,7 @@ class APPLE(Method):
         self.p0 = sizes / sizes.sum()
 
     def server_message(self, client_id: int, round_: int) -> Params:
-        """All N core models, name → (N, *shape): the same tensors for every client."""
+        """All N core models, name → ``(N, *shape)``: the same tensors for every client."""
         return self.cores
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:

@@ -3,7 +3,7 @@ equal client weights.
 
 Self-FL's experiments compare FedAvg-w, FedAvg's sample-size weighted mean
 Θ^t = Σ_{i∈S_t} n_i Θ_i^t / Σ_{i∈S_t} n_i, with FedAvg-e, the plain mean of the round's
-uploads: Θ^t = (1/|S_t|) Σ_{i∈S_t} Θ_i^t. Only ``aggregate`` changes; clients, local
+uploads: Θ^t = (1/∣S_t∣) Σ_{i∈S_t} Θ_i^t. Only ``aggregate`` changes; clients, local
 initialisation and evaluation are FedAvg's (so ``method.ala`` works). Integer buffers (e.g.
 BatchNorm's counter) are taken from the first upload, as FedAvg takes them.
 """
@@ -17,7 +17,7 @@ from plfl.state import Params
 class FedAvgE(FedAvg):
     """FedAvg-e (Self-FL paper, NeurIPS 2022): FedAvg with equal client weights.
 
-    Θ^t = (1/|S_t|) Σ_{i∈S_t} Θ_i^t: every uploading client weighs the same.
+    Θ^t = (1/∣S_t∣) Σ_{i∈S_t} Θ_i^t: every uploading client weighs the same.
     """
 
     name = "fedavg_e"

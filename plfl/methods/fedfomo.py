@@ -10,7 +10,7 @@ then trains w_i on the rest of its training data and uploads it with the scores 
 server adds the scores to an affinity matrix P (N × N, the identity at the start),
 P_{i,n} += s_n, and sends client i the M models with the largest P_{i,n}, n ≠ i.
 
-Hooks: ``server_message`` sends the M models stacked (name → (M, *shape)); ``local_train``
+Hooks: ``server_message`` sends the M models stacked (name → ``(M, *shape)``); ``local_train``
 evaluates them and its own model on its validation split (evaluation tasks), scores and combines
 them (``fomo_scores``, ``fomo_weights``, ``fomo_update``) and trains;
 ``client_message`` uploads the trained model and the scores; ``aggregate`` stores the models
@@ -97,7 +97,7 @@ def fomo_weights(scores: torch.Tensor) -> torch.Tensor:
 
 
 def fomo_update(own: Params, received: Params, weights: torch.Tensor) -> Params:
-    """w_i + Σ_n w_n (θ_n − w_i) for the keys of ``received`` (name → (M, *shape)); the others stay ``own``'s."""
+    """w_i + Σ_n w_n (θ_n − w_i) for the keys of ``received`` (name → ``(M, *shape)``); the others stay ``own``'s."""
     return {k: v + torch.tensordot(weights, received[k] - v, dims=1) if k in received else v for k, v in own.items()}
 
 
@@ -137,7 +137,7 @@ class FedFomo(Method):
         return ranked[: self.config.m]
 
     def server_message(self, client_id: int, round_: int) -> Optional[Params]:
-        """The selected clients' models, name → (M, *shape); None before any upload."""
+        """The selected clients' models, name → ``(M, *shape)``; None before any upload."""
         chosen = self.selection(client_id)
         return {k: w[chosen] for k, w in self.models.items()} if chosen else None
 

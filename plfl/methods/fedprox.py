@@ -47,7 +47,7 @@ class FedProxConfig(FedAvgConfig):
 
 
 class FedProx(FedAvg):
-    """FedProx (Li et al., MLSys 2020): FedAvg with a proximal term mu/2 |w - w_global|^2.
+    """FedProx (Li et al., MLSys 2020): FedAvg with a proximal term μ/2 ‖w − w_global‖².
 
     FedAvg's server; clients train on F_k(w) + μ/2 ‖w − w^t‖² (Eq. 2), w^t the received model.
     """

@@ -20,7 +20,7 @@ per layer, whether the layer comes from the received global model θ_t or stays 
   ``strategy_fraction`` of the client's samples (drawn per client and round), while β takes
   gradient steps (``strategy_lr``) on the cross-entropy of the mixed model on the held-back samples,
   θ_t and θ^c_{t−1} fixed (:class:`StrategyStep`, ALA's pattern: the mix is a function of β only);
-  τ_r = ``tau0`` · ``tau_decay``^r, straight-through arg-max choices once τ_r < ``hard_below`` with
+  τ_r = τ_0 · d^r (``tau0``, ``tau_decay``), straight-through arg-max choices once τ_r < ``hard_below`` with
   ``hard``; the first ``warmup_rounds`` are plain FedAvg. The mix with Gumbel-Softmax, τ 5 decaying by
   0.965 per round, the 20 % held-back batches and 20 warm-up rounds follow the only code trace (a
   PFLlib file removed in 2022, never working); holding back a random 20 % of the samples per round

@@ -25,7 +25,7 @@ from plfl.errors import ConfigError
 
 
 class BodyHeadModel(nn.Module):
-    """``head(body(x))``; ``body``: (B, *input_shape) → (B, F), ``head``: (B, F) → (B, classes) logits."""
+    """``head(body(x))``; ``body``: ``(B, *input_shape)`` → (B, F), ``head``: (B, F) → (B, classes) logits."""
 
     def __init__(self, body: nn.Module, head: nn.Linear):
         super().__init__()
