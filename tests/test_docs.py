@@ -1,14 +1,41 @@
-"""The guides' code is the repository's code: every ```python and ```yaml block of a guide in docs/
-appears verbatim in a repository file (Python in plfl/ or tests/, YAML in configs/)."""
+"""The documentation: its generated reference covers every method and every config key, its results tables
+are well-formed, the guides' code is the repository's code, and the README stays short.
 
+The site itself is built by ``.ci/run`` (``sphinx-build -W``: a broken link or reference fails it); these
+tests check what the generator (docs/_ext/plfl_docs.py) writes."""
+
+import dataclasses
 import re
+import sys
+import typing
+from dataclasses import is_dataclass
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
+
+from plfl.config import ExperimentConfig, dotted_items
+from plfl.methods import methods
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+import plfl_docs  # noqa: E402  (the docs' own extension, beside conf.py)
+
 SOURCES = {"python": ["plfl/**/*.py", "tests/*.py"], "yaml": ["configs/*.yaml"]}
 FENCE = re.compile(r"^```(?P<language>\w+)\n(?P<block>.*?)^```$", re.MULTILINE | re.DOTALL)
+GENERATED = {"reference/configuration.md", "reference/cli.md"}
+
+
+def guides() -> list[Path]:
+    """The hand-written pages of docs/ (not the generated ones, not the build)."""
+    docs = ROOT / "docs"
+    return [
+        p
+        for p in sorted(docs.rglob("*.md"))
+        if p.relative_to(docs).parts[0] not in ("_build", "results")
+        and p.relative_to(docs).parts[:2] != ("reference", "methods")
+        and p.relative_to(docs).as_posix() not in GENERATED
+    ]
 
 
 def code_blocks(guide: Path) -> list[tuple[str, str, str]]:
@@ -18,15 +45,82 @@ def code_blocks(guide: Path) -> list[tuple[str, str, str]]:
     for m in FENCE.finditer(text):
         if m["language"] in SOURCES:
             line = text.count("\n", 0, m.start()) + 1
-            blocks.append((m["language"], m["block"], f"{guide.name}:{line} {m['block'].splitlines()[0].strip()}"))
+            name = f"{guide.relative_to(ROOT / 'docs')}:{line} {m['block'].splitlines()[0].strip()}"
+            blocks.append((m["language"], m["block"], name))
     return blocks
 
 
-BLOCKS = [block for guide in sorted((ROOT / "docs").glob("*.md")) for block in code_blocks(guide)]
+BLOCKS = [block for guide in guides() for block in code_blocks(guide)]
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> Path:
+    """The generated pages, written into an empty docs folder."""
+    docs = tmp_path_factory.mktemp("docs")
+    plfl_docs.generate(docs)
+    return docs
+
+
+def test_every_registered_method_has_a_reference_page(generated):
+    index = (generated / "reference" / "methods" / "index.md").read_text()
+    for name, cls in methods().items():
+        page = (generated / "reference" / "methods" / f"{name}.md").read_text()
+        assert f"| `method.name` | `{name}` |" in page and f".. autoclass:: {cls.__module__}.{cls.__qualname__}" in page
+        assert f"[`{name}`]({name}.md)" in index and f"\n{name}\n" in index  # listed and in the toctree
+        for f in dataclasses.fields(cls.config_class):
+            assert f.name == "name" or f"`method.{f.name}`" in page, (name, f.name)
+
+
+def config_keys() -> list[str]:
+    """Every key of the run schema (from OmegaConf's view of it) and every method's ``method.*`` key."""
+    schema = OmegaConf.to_container(OmegaConf.structured(ExperimentConfig))
+    keys = [key for key, _ in dotted_items(schema) if not key.startswith("method")]
+    for cls in methods().values():
+        for f in dataclasses.fields(cls.config_class):
+            keys.append(f"method.{f.name}")
+            nested = [a for a in typing.get_args(typing.get_type_hints(cls.config_class)[f.name]) if is_dataclass(a)]
+            keys += [f"method.{f.name}.{g.name}" for section in nested for g in dataclasses.fields(section)]
+    return sorted(set(keys), key=keys.index)
+
+
+@pytest.mark.parametrize("key", config_keys())
+def test_every_config_key_has_an_entry_with_its_meaning_in_the_configuration_reference(generated, key):
+    page = (generated / "reference" / "configuration.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith(f"| `{key}` |")]
+    assert rows, f"{key} is not in the configuration reference"
+    meanings = [row.rstrip(" |").rpartition(" | ")[2] for row in rows]
+    assert all(meanings), f"{key} has no meaning: give its field a doc (plfl.fields.checked/documented/one_of)"
+
+
+def test_the_command_line_reference_holds_every_command(generated):
+    page = (generated / "reference" / "cli.md").read_text()
+    for command in ("fit", "sweep", "compare", "report", "methods"):
+        assert f"## `plfl {command}`" in page and f"usage: plfl {command}" in page
+
+
+def test_every_results_table_names_its_command_hardware_and_date_and_plots_its_own_columns():
+    folder = ROOT / "docs" / "results"
+    tables = sorted(folder.glob("*.yaml"))
+    assert tables and all(path.with_suffix(".csv").exists() for path in tables)
+    pages = plfl_docs.results_pages(folder)  # raises on a missing key or a plotted column not in the CSV
+    assert set(pages) == {p.stem for p in tables} | {"index"}
+
+
+def test_a_results_table_that_plots_a_missing_column_is_refused(tmp_path):
+    (tmp_path / "t.csv").write_text("round,accuracy\n1,50\n")
+    meta = "title: t\ndescription: d\ncommand: c\nhardware: h\ndate: 2026-01-01\nplot: {x: round, y: acc}\n"
+    (tmp_path / "t.yaml").write_text(meta)
+    with pytest.raises(ValueError, match=r"plot columns \['acc'\] are not in t.csv"):
+        plfl_docs.results_pages(tmp_path)
+
+
+def test_the_readme_stays_short():
+    lines = len((ROOT / "README.md").read_text().splitlines())
+    assert lines <= 250, f"README.md has {lines} lines; move reference and results into docs/"
 
 
 def test_the_method_guide_has_checked_blocks():
-    names = [name for _, _, name in BLOCKS if name.startswith("writing-a-method.md")]
+    names = [name for _, _, name in BLOCKS if name.startswith("how-to/write-a-method.md")]
     assert len(names) >= 5, names  # schema, registry, update, class, test (and the config)
 
 
