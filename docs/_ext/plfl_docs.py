@@ -242,6 +242,8 @@ def figure_html(meta: dict, rows: list[dict[str, str]]) -> str:
         y = ys[0] if group else label
         values = [number(r[y]) for r in points]
         xs = [r[x] for r in points]
+        if all(number(v) is not None for v in xs):  # a numeric axis (rounds), not categories
+            xs = [number(v) for v in xs]
         trace = go.Bar if plot.get("kind") == "bar" else go.Scatter
         fig.add_trace(trace(x=xs, y=values, name=str(label), **({} if trace is go.Bar else {"mode": "lines+markers"})))
     unit = units.get(ys[0], "")
