@@ -1,67 +1,94 @@
-"""Comparison tables of finished runs: method × data set, mean ± std over seeds.
+"""Comparison tables of finished runs: method (and its settings) × data set, mean ± std over seeds.
 
 Two Markdown tables. Accuracy in the layout of FedALA's Table 2 (AAAI 2023):
 one row per method, one column per data set, each cell the best test
 accuracy (%) as mean ± std over the runs (seeds) of that method on that data
 set; std is the population standard deviation (NumPy's default, as PFLlib
-reports it). Costs below it, one row per (method, data set): mean seconds
-per training round and scalars sent per round over the same runs. Costs are
-never averaged across data sets: a data set's model and clients set them
-(one method's seconds per round on MNIST's CNN and on digits' MLP differ
-by orders of magnitude), and a row per pair keeps two cost columns where
-data sets as columns would need two per data set.
+reports it). Runs of one method whose settings differ are never averaged: a
+config key that takes two values among one method's runs on one data set (a
+sweep's ``method.s``, ``federation.lr``, ``federation.rounds``) splits that
+method into rows named by those keys (``fedala (s=80, p=2)``); the seed, the
+executor and logging, checkpoint and progress keys do not. Costs below it, one
+row per (row, data set): mean seconds per training round and scalars sent per
+round over the same runs. Costs are never averaged across data sets: a data
+set's model and clients set them (one method's seconds per round on MNIST's
+CNN and on digits' MLP differ by orders of magnitude). Runs that did not
+complete are listed after the tables with their status and left out.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from plfl.config import DEFAULT_NUM_CLIENTS
+from plfl.config import DEFAULT_NUM_CLIENTS, dotted_items
 from plfl.errors import PlflError
+
+# Config keys that never make two runs different experiments: repeats, where and how a run executes, its files.
+SAME_EXPERIMENT = (
+    "name",
+    "output_dir",
+    "progress_bar",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "federation.seed",
+    "federation.executor",
+    "federation.cohort_size",
+    "federation.cuda_graphs",
+    "federation.state_offload",
+    "federation.max_failed_clients",
+    "trainer.accelerator",
+    "trainer.devices",
+)
+SAME_EXPERIMENT_SECTIONS = ("data.", "logger.", "ray.")  # data: the table's columns
+OWN_CLIENTS = ("leaf", "shakespeare")  # sources whose clients come with the data (one per user or role)
 
 
 @dataclass
 class RunRecord:
-    """What a comparison needs of one finished run."""
+    """What a comparison needs of one run."""
 
+    run_dir: Path
     method: str
-    dataset: str  # data.source, with the PFLlib directory's name for pfllib data
+    dataset: str  # see dataset_name
     seed: int
-    best_accuracy: float  # fraction in [0, 1]
-    seconds_per_round: float
-    params_sent_per_round: float  # scalars
+    status: str  # summary.json's: completed, failed, interrupted
+    best_accuracy: Optional[float]  # fraction in [0, 1]
+    seconds_per_round: Optional[float]
+    params_sent_per_round: Optional[float]  # scalars
+    config: dict[str, Any] = field(default_factory=dict)  # config.yaml by dotted key, e.g. "method.s"
+    note: str = ""  # why an incomplete run stopped: its error or signal
 
 
 def read_run(run_dir: Path) -> RunRecord:
-    """The record of ``run_dir`` (its config.yaml and summary.json).
+    """The record of ``run_dir`` (its config.yaml and summary.json), whatever its status.
 
     Raises:
-        PlflError: ``run_dir`` lacks either file, or the run did not complete.
+        PlflError: ``run_dir`` lacks either file.
     """
     config, summary = run_dir / "config.yaml", run_dir / "summary.json"
     if not (config.is_file() and summary.is_file()):
         raise PlflError(
             f"{run_dir} is not a plfl run directory (it needs config.yaml and summary.json); "
-            "pass runs/<name>/<time>/ or a folder holding such directories."
+            "pass runs/<name>/<time>/, a folder holding such directories, or a sweep directory."
         )
     cfg, result = OmegaConf.load(config), json.loads(summary.read_text())
-    if result.get("status") != "completed":
-        raise PlflError(
-            f"The run in {run_dir} did not complete (status {result.get('status')!r}); "
-            "leave it out of the comparison or resume it."
-        )
     return RunRecord(
+        run_dir,
         cfg.method.name,
         dataset_name(cfg),
         cfg.federation.seed,
-        result["best_accuracy"],
-        result["seconds_per_round"],
-        result["params_sent_per_round"],
+        result.get("status", "unknown"),
+        result.get("best_accuracy"),
+        result.get("seconds_per_round"),
+        result.get("params_sent_per_round"),
+        dict(dotted_items(cfg)),
+        result.get("error") or result.get("signal") or "",
     )
 
 
@@ -71,7 +98,8 @@ def dataset_name(cfg) -> str:
     source split differently are different data sets."""
     data = cfg.data
     name = data.source if data.source != "pfllib" else f"pfllib:{Path(data.root).name}"
-    if "partition" not in data or (data.source == "pfllib" and not data.get("repartition", False)):
+    own = data.source in OWN_CLIENTS or (data.source == "pfllib" and not data.get("repartition", False))
+    if own or "partition" not in data:
         return name  # the files' own clients
     partition = {
         "dirichlet": f"Dir({data.get('beta')})",
@@ -84,19 +112,38 @@ def dataset_name(cfg) -> str:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run directories in ``paths``: a path holding summary.json is one; any other is searched below."""
+    """Run directories in ``paths``: a path holding summary.json is one, a sweep directory (``trials.json``)
+    holds its trials' (which live beside the sweeps folder), any other is searched below.
+
+    Raises:
+        PlflError: no run directory found.
+    """
     runs = []
     for path in paths:
         if (path / "summary.json").is_file():
             runs.append(path)
+        elif (path / "trials.json").is_file():
+            runs.extend(sweep_runs(path))
         else:
             runs.extend(sorted(p.parent for p in path.rglob("summary.json")))
     if not runs:
         raise PlflError(
             f"No run directories (with summary.json) under {', '.join(map(str, paths))}; "
-            "pass runs/<name>/<time>/ or a folder holding such directories."
+            "pass runs/<name>/<time>/, a folder holding such directories, or a sweep directory."
         )
-    return runs
+    return list(dict.fromkeys(runs))
+
+
+def sweep_runs(sweep_dir: Path) -> list[Path]:
+    """The run directories of a sweep's trials, in trial order: as recorded (relative to where the sweep ran),
+    else at ``<output_dir>/<name>/<time>`` beside ``<output_dir>/sweeps/`` (the sweep run from elsewhere)."""
+    found = []
+    for trial in json.loads((sweep_dir / "trials.json").read_text())["trials"]:
+        if trial.get("run_dir"):
+            recorded = Path(trial["run_dir"])
+            beside = sweep_dir.parents[1] / recorded.parent.name / recorded.name
+            found += [p for p in (recorded, beside) if (p / "summary.json").is_file()][:1]
+    return found
 
 
 def mean_std(values: list[float]) -> str:
@@ -105,21 +152,59 @@ def mean_std(values: list[float]) -> str:
     return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ± {100 * statistics.pstdev(values):.2f}"
 
 
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Each dotted key by its last part where no other key of ``keys`` ends the same (``s`` for method.s)."""
+    ends = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: end if ends.count(end) == 1 else k for k, end in zip(keys, ends)}
+
+
+def row_names(records: list[RunRecord]) -> dict[Path, str]:
+    """Each run's row: its method, and, where the method's runs on one data set differ in a key that
+    makes another experiment (not in :data:`SAME_EXPERIMENT`), those keys' values: ``fedala (s=80, p=2)``."""
+    names = {}
+    for method in dict.fromkeys(r.method for r in records):
+        runs = [r for r in records if r.method == method]
+        keys = [k for k in dict.fromkeys(k for r in runs for k in r.config) if _experiment_key(k)]
+        varying = [
+            k
+            for k in keys
+            if any(
+                len({json.dumps(r.config.get(k)) for r in runs if r.dataset == d}) > 1
+                for d in {r.dataset for r in runs}
+            )
+        ]
+        short = short_keys(varying)
+        for r in runs:
+            settings = ", ".join(f"{short[k]}={r.config.get(k)}" for k in varying)
+            names[r.run_dir] = f"{method} ({settings})" if settings else method
+    return names
+
+
+def _experiment_key(key: str) -> bool:
+    return key not in SAME_EXPERIMENT and not key.startswith(SAME_EXPERIMENT_SECTIONS)
+
+
 def comparison_table(records: list[RunRecord]) -> str:
-    """The accuracy table (methods × data sets), a blank line, and the cost table (a row per method and
-    data set), both in Markdown; see the module docstring. Methods and data sets in first-seen order."""
-    methods = list(dict.fromkeys(r.method for r in records))
-    datasets = list(dict.fromkeys(r.dataset for r in records))
+    """The accuracy table (rows × data sets), a blank line, the cost table (a row per row and data set), both in
+    Markdown, and the runs left out (not completed); see the module docstring. Methods and data sets in
+    first-seen order, a method's rows together."""
+    done = [r for r in records if r.status == "completed"]
+    names = row_names(done)
+    methods = list(dict.fromkeys(r.method for r in done))
+    rows = list(dict.fromkeys(names[r.run_dir] for r in sorted(done, key=lambda r: methods.index(r.method))))
+    datasets = list(dict.fromkeys(r.dataset for r in done))
     accuracy = ["| method | " + " | ".join(datasets) + " |", "| --- " * (len(datasets) + 1) + "|"]
     costs = ["| method | data set | s/round | params sent/round | n |", "| --- " * 5 + "|"]
-    for method in methods:
+    for row in rows:
         cells = []
         for dataset in datasets:
-            runs = [r for r in records if r.method == method and r.dataset == dataset]
+            runs = [r for r in done if names[r.run_dir] == row and r.dataset == dataset]
             cells.append(f"{mean_std([r.best_accuracy for r in runs])} (n={len(runs)})" if runs else "–")
             if runs:
                 seconds = statistics.fmean(r.seconds_per_round for r in runs)
                 params = statistics.fmean(r.params_sent_per_round for r in runs)
-                costs.append(f"| {method} | {dataset} | {seconds:,.2f} | {params:,.0f} | {len(runs)} |")
-        accuracy.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(accuracy + [""] + costs)
+                costs.append(f"| {row} | {dataset} | {seconds:,.2f} | {params:,.0f} | {len(runs)} |")
+        accuracy.append(f"| {row} | " + " | ".join(cells) + " |")
+    left_out = [f"- {r.run_dir}: {r.status}" + (f" ({r.note})" if r.note else "") for r in records if r not in done]
+    note = ["", "Not completed, left out:", *left_out] if left_out else []
+    return "\n".join((accuracy + [""] + costs if done else ["No completed run."]) + note)

@@ -11,13 +11,16 @@ from plfl.compare import comparison_table, find_runs, read_run
 from plfl.errors import PlflError
 
 
-def fake_run(path, method, source, seed, best, status="completed", seconds=2.0, params=100.0):
+def fake_run(path, method, source, seed, best, status="completed", seconds=2.0, params=100.0, **sections):
+    """A run directory's config.yaml and summary.json; ``keys`` in ``sections``: more config by section."""
     path.mkdir(parents=True)
-    OmegaConf.save(
-        {"method": {"name": method}, "data": {"source": source, "root": None}, "federation": {"seed": seed}},
-        path / "config.yaml",
-    )
+    config = {"method": {"name": method}, "data": {"source": source, "root": None}, "federation": {"seed": seed}}
+    for section, values in sections.get("keys", {}).items():
+        config[section] = {**config.get(section, {}), **values}
+    OmegaConf.save(config, path / "config.yaml")
     summary = {"status": status, "best_accuracy": best, "seconds_per_round": seconds, "params_sent_per_round": params}
+    if status != "completed":
+        summary["error" if status == "failed" else "signal"] = "RuntimeError: boom" if status == "failed" else "SIGINT"
     (path / "summary.json").write_text(json.dumps(summary))
 
 
@@ -53,16 +56,74 @@ def test_costs_are_per_data_set_never_averaged_across_them(tmp_path):
     ]
 
 
-def test_not_a_run_and_failed_run_are_refused(tmp_path):
+def test_not_a_run_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(PlflError, match="is not a plfl run directory"):
         read_run(tmp_path / "empty")
     with pytest.raises(PlflError, match="No run directories"):
         find_runs([tmp_path / "empty"])
-    fake_run(tmp_path / "failed", "fedavg", "digits", 0, 0.5, status="failed")
-    with pytest.raises(PlflError, match="did not complete"):
-        read_run(tmp_path / "failed")
-    assert main(["compare", str(tmp_path / "failed")]) == 2
+
+
+def test_runs_that_did_not_complete_are_listed_apart_and_never_block_the_rest(tmp_path, capsys):
+    fake_run(tmp_path / "ok", "fedavg", "digits", 0, 0.5)
+    fake_run(tmp_path / "failed", "fedavg", "digits", 1, 0.9, status="failed")
+    fake_run(tmp_path / "stopped", "fedavg", "digits", 2, 0.1, status="interrupted")
+    assert main(["compare", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| fedavg | 50.00 (n=1) |" in out  # the completed run alone
+    assert out.rstrip().splitlines()[-3:] == [
+        "Not completed, left out:",
+        f"- {tmp_path / 'failed'}: failed (RuntimeError: boom)",
+        f"- {tmp_path / 'stopped'}: interrupted (SIGINT)",
+    ]
+
+
+def test_runs_with_other_hyperparameters_are_rows_of_their_own_named_by_them(tmp_path):
+    # FedALA at s=80, p=2 over two seeds (one on another executor), and two sweep trials at p=1: three rows.
+    fake_run(tmp_path / "a0", "fedala", "mnist", 0, 0.90, keys={"method": {"s": 80, "p": 2}})
+    fake_run(
+        tmp_path / "a1",
+        "fedala",
+        "mnist",
+        1,
+        0.92,
+        keys={"method": {"s": 80, "p": 2}, "federation": {"executor": "ray"}},
+    )
+    fake_run(
+        tmp_path / "t1", "fedala", "mnist", 0, 0.40, keys={"method": {"s": 5, "p": 1}, "logger": {"name": "wandb"}}
+    )
+    fake_run(tmp_path / "t2", "fedala", "mnist", 0, 0.60, keys={"method": {"s": 10, "p": 1}})
+    # A key that differs only between data sets (each config's own lr) splits nothing.
+    fake_run(tmp_path / "d0", "fedavg", "mnist", 0, 0.70, keys={"federation": {"lr": 0.005}})
+    fake_run(tmp_path / "d1", "fedavg", "agnews", 0, 0.80, keys={"federation": {"lr": 0.1}})
+    accuracy = comparison_table([read_run(d) for d in find_runs([tmp_path])]).split("\n\n")[0].splitlines()
+    assert accuracy[2:] == [
+        "| fedala (s=80, p=2) | 91.00 ± 1.00 (n=2) | – |",
+        "| fedala (s=5, p=1) | 40.00 (n=1) | – |",
+        "| fedala (s=10, p=1) | 60.00 (n=1) | – |",
+        "| fedavg | 70.00 (n=1) | 80.00 (n=1) |",
+    ]
+
+
+def test_compare_takes_a_sweep_directory_and_finds_its_trials(tmp_path, monkeypatch, capsys):
+    # plfl sweep ran in another directory: trials.json records run_dir relative to it, under output_dir=out.
+    for trial, s in enumerate((5, 10), start=1):
+        fake_run(
+            tmp_path / "out" / "fedala-s" / f"t{trial}",
+            "fedala",
+            "mnist",
+            0,
+            0.5 + trial / 10,
+            keys={"method": {"s": s}},
+        )
+    trials = [{"trial": t, "run_dir": f"out/fedala-s/t{t}", "status": "completed"} for t in (1, 2)]
+    trials.append({"trial": 3, "run_dir": None, "status": "failed"})  # failed before its run directory existed
+    (tmp_path / "out" / "sweeps" / "fedala_s").mkdir(parents=True)
+    (tmp_path / "out" / "sweeps" / "fedala_s" / "trials.json").write_text(json.dumps({"trials": trials}))
+    monkeypatch.chdir(tmp_path / "out")  # elsewhere than where the sweep ran
+    assert find_runs([Path("sweeps/fedala_s")]) == [Path("fedala-s/t1"), Path("fedala-s/t2")]
+    assert main(["compare", "sweeps/fedala_s"]) == 0
+    assert "| fedala (s=10) | 70.00 (n=1) |" in capsys.readouterr().out
 
 
 def test_fit_over_seeds_reports_mean_and_std(digits_config, tmp_path, capsys):

@@ -9,6 +9,7 @@ print(render_in_chromium(Path('report.html'), Path('report.png')))"
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from plfl.cli import main
 from plfl.config import validate
 from plfl.errors import PlflError
 from plfl.report import load_runs, write_report
-from plfl.report.figures import all_figures, communication_figure, seconds_figure
+from plfl.report.figures import accuracy_figure, all_figures, communication_figure, seconds_figure, selffl_figure
 from plfl.report.runs import ReportRun, label_runs, read_csv
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -79,11 +80,15 @@ def run_dir(root: Path, name: str) -> Path:
 S_VALUES, SEEDS = (5, 10, 20, 40, 80), (0, 1, 2, 3)
 
 
+SHORT, LONG = 10, 19  # the trials cut to one round and extended to 20 rounds
+
+
 def copy_as_sweep(source: Path, root: Path) -> list[Path]:
     """20 finished runs laid out as ``plfl sweep`` leaves them (one name, a time folder per trial): copies
     of the real run ``source`` with method.s and federation.seed set per trial in config.yaml, and its
     metrics.csv changed per trial: accuracies raised by 2 points per trial, seconds and bytes scaled by
-    10^-2 .. 10^2 (four orders of magnitude, where linear axes would flatten the fast runs onto zero)."""
+    10^-2 .. 10^2 (four orders of magnitude, where linear axes would flatten the fast runs onto zero).
+    Trial SHORT is cut to one round, trial LONG extended to 20 by repeating its last round."""
     from plfl.callbacks.files import csv_text
 
     dirs = []
@@ -101,14 +106,22 @@ def copy_as_sweep(source: Path, root: Path) -> list[Path]:
             for column in ("seconds", "bytes_sent", "bytes_received"):
                 if row[column] is not None:
                     row[column] *= scale
-        (target / "metrics.csv").write_text(csv_text(rows))
         clients = read_csv(target / "clients.csv")
         for row in clients:
             row["accuracy"] = min(1.0, row["accuracy"] + shift)
+        if i in (SHORT, LONG):
+            last = rows[-1]["round"]
+            keep = range(2) if i == SHORT else range(21)
+            rows = [{**rows[min(r, last)], "round": r} for r in keep]
+            clients = [{**c, "round": r} for r in keep for c in clients if c["round"] == min(r, last)]
+        (target / "metrics.csv").write_text(csv_text(rows))
         (target / "clients.csv").write_text(csv_text(clients))
         summary = json.loads((target / "summary.json").read_text())
         for key in ("best_accuracy", "final_accuracy"):
             summary[key] = min(1.0, summary[key] + shift)
+        if i in (SHORT, LONG):
+            summary["rounds"] = summary["final_round"] = rows[-1]["round"]
+            summary["best_round"] = min(summary["best_round"], rows[-1]["round"])
         for key in ("seconds_per_round", "bytes_sent_per_round", "bytes_received_per_round"):
             summary[key] *= scale
         (target / "summary.json").write_text(json.dumps(summary))
@@ -374,6 +387,75 @@ def test_seconds_and_bytes_are_on_log_axes_with_sent_and_received_apart(sweep_ro
     assert list(received.y) == pytest.approx([r["bytes_received"] for r in fast.metrics[1:]])
 
 
+def lab(colour: str) -> tuple[float, float, float]:
+    """CIE L*a*b* (D65) of an sRGB hex colour."""
+    linear = [
+        (c / 255 + 0.055) ** 2.4 / 1.055**2.4 if c / 255 > 0.04045 else c / 255 / 12.92
+        for c in bytes.fromhex(colour[1:])
+    ]
+    r, g, b = linear
+    x, y, z = (
+        (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047,
+        0.2126 * r + 0.7152 * g + 0.0722 * b,
+        (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883,
+    )
+
+    def f(t: float) -> float:
+        return t ** (1 / 3) if t > 0.008856 else 7.787 * t + 16 / 116
+
+    return 116 * f(y) - 16, 500 * (f(x) - f(y)), 200 * (f(y) - f(z))
+
+
+def test_report_takes_a_sweep_directory_and_finds_its_trials(sweep_root, tmp_path, monkeypatch):
+    # trials.json as plfl sweep writes it, run directories recorded relative to where the sweep ran.
+    trials = [
+        {"trial": i + 1, "run_dir": f"runs/fedala-s/{d.name}"}
+        for i, d in enumerate(sorted(sweep_root.glob("fedala-s/*")))
+    ]
+    sweep_dir = sweep_root / "sweeps" / "fedala_s"
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / "trials.json").write_text(json.dumps({"trials": trials}))
+    monkeypatch.chdir(tmp_path)  # not where the sweep ran: the trials are found beside the sweeps folder
+    assert [r.label for r in load_runs([sweep_dir])] == SWEEP_LABELS
+
+
+def test_twenty_runs_get_twenty_colours_that_stay_apart(sweep_root):
+    runs = load_runs([sweep_root])
+    colours = [t.line.color for t in accuracy_figure(runs).data]
+    assert len(set(colours)) == 20
+    closest = min(math.dist(lab(a), lab(b)) for a, b in itertools.combinations(colours, 2))
+    assert closest > 20, closest  # CIE76 ΔE; plotly's default palette followed by Dark24 had pairs at 9
+    assert max(lab(c)[0] for c in colours) <= 78  # none too light to read on the white page
+
+
+def test_short_and_long_runs_share_a_round_axis_with_room_at_both_ends(sweep_root):
+    runs = load_runs([sweep_root])
+    figure = accuracy_figure(runs)
+    assert list(figure.layout.xaxis.range) == [-0.5, 20.5]
+    short, long = runs[SHORT], runs[LONG]
+    assert [list(t.x) for t in figure.data if t.name in (short.label, long.label)] == [[0, 1], list(range(21))]
+
+
+def test_values_within_ten_times_get_a_linear_axis_and_wider_spans_a_log_axis():
+    fast, slow = bare_run("runs/a/t0", "a", {}), bare_run("runs/b/t0", "b", {})
+    fast.metrics = [{"round": r, "seconds": 2.0 + r, "bytes_sent": 3e7, "bytes_received": 3.5e7} for r in range(3)]
+    slow.metrics = [{"round": r, "seconds": 3000.0, "bytes_sent": 4e7, "bytes_received": 4e7} for r in range(3)]
+    label_runs([fast, slow])
+    assert seconds_figure([fast]).layout.yaxis.type == "linear"  # 2-4 s: plotly's log axis labels every digit
+    wide = seconds_figure([fast, slow]).layout.yaxis
+    assert (wide.type, wide.dtick) == ("log", 1)  # three decades and more: a label per decade
+    traffic = communication_figure([fast, slow]).layout
+    assert traffic.yaxis.type == traffic.yaxis2.type == "linear" and traffic.yaxis.tickformat == "~s"
+
+
+def test_a_panel_whose_data_no_run_has_yet_is_left_out():
+    young = bare_run("runs/selffl/t0", "selffl", {})  # before Self-FL's steps and client variances exist
+    young.metrics = [{"round": r, "selffl_sigma0_sq": 0.1 * (r + 1)} for r in range(2)]
+    label_runs([young])
+    figure = selffl_figure([young])
+    assert [a.text for a in figure.layout.annotations] == ["σ₀² (inter-client variance)"]
+
+
 def test_zero_bytes_are_left_out_of_the_log_axis():
     local = bare_run("runs/local/t0", "local", {})
     local.metrics = [
@@ -393,7 +475,8 @@ FIGURE_STATE = """return [...document.querySelectorAll('.plotly-graph-div')].map
     yaxes: Object.keys(p._fullLayout).filter(k => /^yaxis[0-9]*$/.test(k)).sort().map(k => p._fullLayout[k].type),
     legend: [...p.querySelectorAll('.legend .traces')].map(e => e.textContent),
     scrolls: Number(p.querySelector('.legend .scrollbar')?.getAttribute('height') || 0) > 0,
-    hidden: [...new Set(p.data.filter(t => t.visible === 'legendonly').map(t => t.legendgroup))]}))"""
+    hidden: [...new Set(p.data.filter(t => t.visible === 'legendonly').map(t => t.legendgroup))],
+    xrange: p._fullLayout.xaxis.range}))"""
 
 
 def test_twenty_run_report_renders_readably_in_headless_chromium(sweep_root, tmp_path, monkeypatch):
@@ -425,3 +508,5 @@ def test_twenty_run_report_renders_readably_in_headless_chromium(sweep_root, tmp
         assert not figure["scrolls"] and figure["hidden"] == [], figure["title"]  # every entry in view
     # One click in the first legend hides that run in every figure, the boxes included.
     assert [f["hidden"] for f in after] == [[SWEEP_LABELS[7]]] * 6
+    # Rounds 0-20 with half a round of room at both ends: the one-round run is not drawn onto the axis.
+    assert all(f["xrange"] == [-0.5, 20.5] for f in before if f["title"] != TITLES[1])

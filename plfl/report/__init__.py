@@ -15,10 +15,12 @@ per panel, ``page`` assembles the HTML.
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 
 from plfl.compare import find_runs
-from plfl.errors import PlflError
+from plfl.errors import PlflError, PlflWarning
 from plfl.report.figures import all_figures
 from plfl.report.page import page_html
 from plfl.report.runs import ReportRun, label_runs, read_report_run
@@ -27,10 +29,12 @@ __all__ = ["ReportRun", "load_runs", "write_report"]
 
 
 def load_runs(paths: list[Path]) -> list[ReportRun]:
-    """The runs in ``paths`` (run directories, or folders searched for them), labelled for the legend.
+    """The runs in ``paths`` (run directories, sweep directories, or folders searched for them), labelled for the
+    legend. A run that did not complete and has no round to show (stopped in round 0) is left out with a warning.
 
     Raises:
-        PlflError: a path does not exist, holds no run directory, or a run lacks a file (see read_report_run).
+        PlflError: a path does not exist, holds no run directory, or a completed run lacks a file (see
+            read_report_run).
     """
     for path in paths:
         if not path.exists():
@@ -38,7 +42,18 @@ def load_runs(paths: list[Path]) -> list[ReportRun]:
                 f"{path} does not exist; pass run directories (runs/<name>/<time>/) "
                 "or folders holding them (e.g. runs/)."
             )
-    runs = [read_report_run(d) for d in find_runs(paths)]
+    runs = []
+    for run_dir in find_runs(paths):
+        try:
+            runs.append(read_report_run(run_dir))
+        except PlflError as error:
+            summary = run_dir / "summary.json"
+            status = json.loads(summary.read_text()).get("status") if summary.is_file() else None
+            if status in (None, "completed"):
+                raise
+            warnings.warn(PlflWarning(f"Left out of the report: {run_dir} ({status}): {error}"), stacklevel=2)
+    if not runs:
+        raise PlflError(f"No run in {', '.join(map(str, paths))} has rounds to show.")
     label_runs(runs)
     return runs
 

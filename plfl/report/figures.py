@@ -1,8 +1,10 @@
 """Plotly figures of finished runs, one function per panel.
 
 Accuracies (fractions in [0, 1] in the run files) are drawn in %; seconds
-and bytes on log axes, so a run of 0.3 s per round stays readable beside
-one of 100 s. Each line's legend entry is its run's short label (see
+and bytes on log axes when they span ten times or more, so a run of 0.3 s per
+round stays readable beside one of 100 s. The round axis leaves half a round
+of room at both ends, so a one-round run is not drawn onto the axis beside a
+long one. Each line's legend entry is its run's short label (see
 runs.label_runs); method, data set, seed and directory are in its hover
 text. A run keeps its colour and legend group (its label) in every panel,
 which the page uses to show or hide a run in all figures at once. Each
@@ -15,12 +17,17 @@ from __future__ import annotations
 from typing import Optional
 
 import plotly.graph_objects as go
-from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from plfl.report.runs import ReportRun
 
-PALETTE = qualitative.Plotly + qualitative.Dark24
+# 20 colours that stay apart on a white page: picked greedily, each the farthest (CIE L*a*b* distance) from those
+# before it, among plotly's qualitative palettes' colours dark enough to read (L* <= 78), plotly's first four
+# first. Any two differ by at least 21 ΔE (plotly's default 10 + Dark24 by 9).
+PALETTE = (
+    "#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#222A2A", "#BCBD22", "#00B5F7", "#FF0092", "#B279A2", "#FF9900",
+    "#1CA71C", "#511CFB", "#85660D", "#620042", "#FE00FA", "#0D2A63", "#72B7B2", "#FF97FF", "#E48F72", "#862A16",
+)  # fmt: skip
 PERCENT = "%{y:.2f} %"
 BYTES = "%{y:.4s}B"
 
@@ -43,7 +50,7 @@ def _layout(fig: go.Figure, title: str, yaxis: str) -> go.Figure:
     )
     last = max((x for trace in fig.data for x in (trace.x or ())), default=0)
     # Integer ticks: plotly's automatic step goes below 1 over a few rounds.
-    fig.update_xaxes(title_text="round", rangemode="tozero", dtick=1 if last <= 12 else None)
+    fig.update_xaxes(title_text="round", range=[-0.5, last + 0.5], dtick=1 if last <= 12 else None)
     fig.update_layout(yaxis_title_text=yaxis)  # the first (left) panel's axis
     return fig
 
@@ -70,6 +77,17 @@ def _line(
         marker=dict(size=5),
         hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>round %{{x}}: {what}{hover}<extra></extra>",
     )
+
+
+def _value_axis(fig: go.Figure, tickformat: str = "") -> None:
+    """Log y axes where a figure's values span ten times or more (one tick label per decade, or at 1, 2 and 5
+    within three decades, where plotly would label every digit of a narrow range), linear ones otherwise."""
+    values = [v for trace in fig.data for v in (trace.y or ()) if v is not None and v > 0]
+    span = max(values) / min(values) if values else 1.0
+    if span < 10:
+        fig.update_yaxes(type="linear", tickformat=tickformat, rangemode="tozero")
+    else:
+        fig.update_yaxes(type="log", tickformat=tickformat, dtick=1 if span >= 1000 else "D2")
 
 
 def _positive(rounds: list[int], values: list[float]) -> tuple[list[int], list[float]]:
@@ -151,8 +169,8 @@ def seconds_figure(runs: list[ReportRun]) -> go.Figure:
     for run in runs:
         rounds, seconds = _positive(*run.series("seconds"))
         fig.add_trace(_line(runs, run, rounds, seconds, hover="%{y:.3g} s"))
-    fig = _layout(fig, "Seconds per round", "seconds (log scale)")
-    fig.update_yaxes(type="log")
+    fig = _layout(fig, "Seconds per round", "seconds")
+    _value_axis(fig)
     return fig
 
 
@@ -171,8 +189,8 @@ def communication_figure(runs: list[ReportRun]) -> go.Figure:
         for run in runs:
             rounds, values = _positive(*run.series(column))
             fig.add_trace(_line(runs, run, rounds, values, what, hover=BYTES, show_legend=col == 1), row=1, col=col)
-    fig = _layout(fig, "Bytes sent and received by the server per round", "bytes (log scale)")
-    fig.update_yaxes(type="log", tickformat="~s")  # 10k, 1M; plotly's log axes drop a suffix on the 2 and 5 ticks
+    fig = _layout(fig, "Bytes sent and received by the server per round", "bytes")
+    _value_axis(fig, tickformat="~s")  # 10k, 1M
     return fig
 
 
@@ -193,7 +211,9 @@ def global_accuracy_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
 
 
 def _panels(runs: list[ReportRun], own: list[ReportRun], title: str, panels: list[tuple[str, str, bool]]) -> go.Figure:
-    """Side-by-side panels of metrics.csv columns, given as (column, panel title, log y axis)."""
+    """Side-by-side panels of metrics.csv columns, given as (column, panel title, log y axis); a column that no
+    run has a value in (a run too short for it) gets no panel."""
+    panels = [p for p in panels if any(run.has(p[0]) for run in own)]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels])
     for col, (column, name, log) in enumerate(panels, start=1):
         for run in own:
@@ -225,21 +245,18 @@ def selffl_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
     own = [r for r in runs if r.has("selffl_sigma0_sq") or r.has("selffl_sigma_sq_mean")]
     if not own:
         return None
-    fig = _panels(
-        runs,
-        own,
-        "Self-FL: variances and local steps",
-        [
-            ("selffl_sigma0_sq", "σ₀² (inter-client variance)", True),
-            ("selffl_sigma_sq_mean", "σ_m² (clients; line: mean)", True),
-            ("selffl_local_steps_mean", "l_m (local steps; line: mean)", False),
-        ],
-    )
+    panels = [
+        ("selffl_sigma0_sq", "σ₀² (inter-client variance)", True),
+        ("selffl_sigma_sq_mean", "σ_m² (clients; line: mean)", True),
+        ("selffl_local_steps_mean", "l_m (local steps; line: mean)", False),
+    ]
+    fig = _panels(runs, own, "Self-FL: variances and local steps", panels)
+    drawn = [column for column, _, _ in panels if any(run.has(column) for run in own)]  # _panels' subplots
     for run in own:
         rows = run.tables.get("selffl_clients", [])
-        for col, column in ((2, "sigma_sq"), (3, "local_steps")):
+        for line, column in (("selffl_sigma_sq_mean", "sigma_sq"), ("selffl_local_steps_mean", "local_steps")):
             points = [r for r in rows if r.get(column) is not None]
-            if points:
+            if points and line in drawn:
                 fig.add_trace(
                     go.Scatter(
                         x=[r["round"] for r in points],
@@ -255,7 +272,7 @@ def selffl_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
                         "client %{customdata}: %{y:.4g}<extra></extra>",
                     ),
                     row=1,
-                    col=col,
+                    col=drawn.index(line) + 1,
                 )
     return fig
 

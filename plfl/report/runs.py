@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from plfl.compare import dataset_name
+from plfl.compare import dataset_name, short_keys
 from plfl.config import dotted_items
 from plfl.errors import PlflError
 from plfl.metrics import tail_means
@@ -153,9 +153,7 @@ def label_runs(runs: list[ReportRun], most_keys: int = 3) -> None:
     for group in by_name.values():
         first, shared = group[0].config, set.intersection(*(set(r.config) for r in group))
         differing = [k for k in first if k in shared and any(r.config[k] != first[k] for r in group)]
-        # A key's last part (``s`` of ``method.s``) where no other differing key ends the same.
-        ends = [k.rsplit(".", 1)[-1] for k in differing]
-        short = {k: end if ends.count(end) == 1 else k for k, end in zip(differing, ends)}
+        short = short_keys(differing)
         for run in group:
             if len(group) == 1:
                 run.label = run.name
