@@ -2,12 +2,14 @@
 ``plfl sweep X.yaml [--count N] [--parallel N] [key=value ...]``, ``plfl compare RUN_DIR...``,
 ``plfl report RUN_DIR... [-o report.html]``, ``plfl methods [NAME]``, ``plfl --version``.
 
-Only what a command needs is imported, torch and Lightning only when training:
-config errors, ``--print-config`` and ``plfl methods`` answer in well under a second."""
+Only what a command needs is imported: Lightning, W&B and the data readers only when training, so that config
+errors, ``--print-config`` and ``plfl methods`` answer before them (the methods' modules, which a config is
+checked against, import torch). ``fit`` and ``sweep`` stop on SIGINT and SIGTERM (:mod:`plfl.stopping`)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import sys
@@ -20,6 +22,7 @@ from omegaconf import OmegaConf
 import plfl
 from plfl.compare import comparison_table, find_runs, read_run
 from plfl.errors import FederationError, PlflError
+from plfl.stopping import Stopped, stop_on_signals
 
 EXAMPLE_CONFIGS = Path(__file__).resolve().parents[1] / "configs"  # in a clone of the repository
 
@@ -95,18 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def version_text() -> str:
-    """``plfl X.Y.Z (Python a.b.c, torch ..., lightning ...)``, read from package metadata (no torch import)."""
-
-    def installed(package: str) -> str:
-        try:
-            return metadata.version(package)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-
+    """``plfl X.Y.Z (Python a.b.c, torch ..., torchvision ..., lightning ...)``, read from package metadata (no
+    torch import)."""
     return (
         f"plfl {plfl.__version__} (Python {platform.python_version()}, torch {installed('torch')}, "
-        f"lightning {installed('lightning')})"
+        f"torchvision {installed('torchvision')}, lightning {installed('lightning')})"
     )
+
+
+def installed(package: str) -> str:
+    """``package``'s installed version, or "not installed"."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
 
 
 def seed_list(text: str) -> list[int]:
@@ -130,6 +135,7 @@ def fit(args: argparse.Namespace) -> None:
     if args.print_config:
         print(OmegaConf.to_yaml(cfg), end="")
         return
+    check_torch_builds()
     from plfl.experiment import run_experiment  # imports torch and Lightning: only when training
 
     run_dirs = []
@@ -141,11 +147,44 @@ def fit(args: argparse.Namespace) -> None:
             f"Best accuracy {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
             f"{summary['seconds_per_round']:.2f} s per round"
         )
+        print(f"Disk use: {disk_use(run_dir) / 1e6:,.1f} MB (checkpoints: keep_checkpoints)")
         print(f"Run directory: {run_dir}")
         run_dirs.append(run_dir)
     if args.seeds:
         print(f"Seeds {args.seeds}: best accuracy mean ± std over seeds")
         print(comparison_table([read_run(d) for d in run_dirs]))
+
+
+def disk_use(path: Path) -> int:
+    """Bytes of the files under ``path``."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def check_torch_builds() -> None:
+    """torchvision must be the build made for the installed torch (torch 2.N pairs with torchvision 0.(N+15));
+    a mismatched pair imports with "operator torchvision::nms does not exist", or fails later.
+
+    Raises:
+        PlflError: torchvision does not load, or its version is not torch's pair; the message names both
+            versions and the install command.
+    """
+    torch_version, vision_version = installed("torch"), installed("torchvision")
+    major, minor = (int(part) for part in torch_version.split(".")[:2])
+    expected = f"0.{minor + 15}" if major == 2 else None
+    try:
+        import torchvision  # noqa: F401
+    except Exception as error:  # noqa: BLE001  a mismatched C++ extension raises RuntimeError, OSError, ...
+        problem = f"torchvision {vision_version} does not load beside torch {torch_version} ({error})"
+    else:
+        if expected is None or vision_version.startswith(f"{expected}."):
+            return
+        problem = f"torchvision {vision_version} is not the build for torch {torch_version}"
+    pair = f"torchvision=={expected}.*" if expected else "the torchvision built for it"
+    raise PlflError(
+        f"{problem}. Install {pair} from the index torch came from (pytorch.org's selector; for the CPU build "
+        "--index-url https://download.pytorch.org/whl/cpu), or reinstall both together: pip install torch "
+        "torchvision."
+    )
 
 
 def example_configs() -> str:
@@ -188,6 +227,8 @@ def sweep(args: argparse.Namespace) -> int:
     """Returns 1 when a trial in the sweep failed (its error is in the table), else 0."""
     from plfl.sweep import print_results, run_sweep
 
+    check_torch_builds()
+
     # There is no sweep server: W&B runs of the trials stay offline unless WANDB_MODE says otherwise.
     os.environ.setdefault("WANDB_MODE", "offline")
     result = run_sweep(args.sweep_file, args.overrides, args.count, args.retry_failed, parallel=args.parallel)
@@ -216,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``plfl`` script; returns the exit status.
 
     Exit status: 0 success, 2 bad input (config, data), 1 a failed federation or any other failure,
-    130 interrupted. Failures print one paragraph to stderr; ``--debug`` adds the traceback.
+    130 (SIGINT, Ctrl+C) or 143 (SIGTERM) when a signal stopped ``fit`` or ``sweep`` (:mod:`plfl.stopping`).
+    Failures print one paragraph to stderr; ``--debug`` adds the traceback.
     """
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -227,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return COMMANDS[args.command](args) or 0
+        with stop_on_signals() if args.command in ("fit", "sweep") else contextlib.nullcontext():
+            return COMMANDS[args.command](args) or 0
+    except Stopped as stop:
+        return _fail(args, stopped_message(args.command, stop), stop.exit_status)
     except FederationError as e:
         return _fail(args, f"plfl {args.command} failed: {e}", 1)
     except PlflError as e:
@@ -238,6 +283,22 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(
             args, f"plfl {args.command} failed: {type(e).__name__}: {e}. Re-run with --debug to see the traceback.", 1
         )
+
+
+def stopped_message(command: str, stop: Stopped) -> str:
+    """What a stopped ``fit`` kept and how to continue it; for ``sweep``, where its trials are."""
+    if command == "sweep":
+        return f"Stopped by {stop.name}; {INTERRUPTED['sweep']}."
+    if stop.round is None:
+        return f"Stopped by {stop.name} before round 0 finished; nothing to continue."
+    from plfl.checkpoint import NAME, list_checkpoints  # torch is loaded already: the run trained
+
+    checkpoints = list_checkpoints(Path(stop.run_dir) / "checkpoints")
+    if not checkpoints:
+        return f"Stopped by {stop.name} after round {stop.round}; its results are in {stop.run_dir} (no checkpoint)."
+    saved = int(NAME.fullmatch(checkpoints[0].name).group(1))
+    restart = "" if saved == stop.round else f" (from the checkpoint of round {saved})"
+    return f"Stopped by {stop.name} after round {stop.round}; continue with: plfl fit --resume {stop.run_dir}{restart}"
 
 
 def _fail(args: argparse.Namespace, message: str, status: int) -> int:

@@ -20,6 +20,7 @@ import torchmetrics
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
+from plfl.activity import current as activity
 from plfl.batches import EVAL_BATCH_SIZE, batch_loader, has_batch_norm, smallest_batch
 from plfl.models import channels_last
 from plfl.seeding import AUGMENTATION, derive_seed
@@ -128,6 +129,7 @@ class ClientModule(L.LightningModule):
             loss = loss + self.proximal.penalty(self.model)
         self.manual_backward(loss)
         optimizer.step()
+        activity.add_steps()
 
     def on_train_end(self) -> None:
         # Summed as tensors (a .item() per step would synchronise every batch on a GPU), in step order: the
@@ -236,9 +238,14 @@ def build_trainer(accelerator: str, devices: int, precision: str) -> L.Trainer:
     """The one Trainer of a run, in Lightning's barebones mode: no loggers, checkpoints, summaries,
     progress bars or sanity checks per client, and no per-step logging checks (``log_every_n_steps=0``).
     Applies :func:`use_precision` for the process, and keeps Lightning's INFO notices (every fit's stop
-    reason, the hardware) off the console: with one fit per client per round they would drown it."""
+    reason, the hardware, a SIGTERM it passes on to plfl's handler) off the console: with one fit per client
+    per round they would drown it."""
     use_precision(precision)
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.pytorch.accelerators.cuda"):
+    for name in (
+        "lightning.pytorch.utilities.rank_zero",
+        "lightning.pytorch.accelerators.cuda",
+        "lightning.pytorch.trainer.connectors.signal_connector",
+    ):
         logging.getLogger(name).setLevel(logging.WARNING)
     return L.Trainer(accelerator=accelerator, devices=devices, precision=precision, max_epochs=1, barebones=True)
 

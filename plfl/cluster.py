@@ -7,11 +7,14 @@ Nothing here imports torch. Ray's own documentation: https://docs.ray.io/en/late
 from __future__ import annotations
 
 import math
+import signal
 import socket
+import threading
 from types import ModuleType
 from urllib.parse import urlsplit
 
 from plfl.errors import ConfigError
+from plfl.stopping import deferred
 
 INSTALL = "pip install -e '.[ray]' (in a clone of plfl; elsewhere pip install 'ray>=2.55')"
 
@@ -49,6 +52,7 @@ def connect(ray: ModuleType, address: str, num_cpus: float) -> bool:
         return False
     if address not in ("local", "auto"):
         _check_reachable(address)
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if address == "local":
             ray.init(address="local", num_cpus=math.ceil(num_cpus), include_dashboard=False)
@@ -58,7 +62,37 @@ def connect(ray: ModuleType, address: str, num_cpus: float) -> bool:
         raise ConfigError(
             f"Could not connect to Ray at ray.address={address}: {type(error).__name__}: {error}. {_FIX}"
         ) from None
+    finally:
+        # ray.init replaces the driver's SIGTERM handler with sys.exit: keep the process's own (plfl.stopping).
+        if sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
     return True
+
+
+def wait(ray: ModuleType, refs: list, count: int = 1) -> list:
+    """The first ``count`` of ``refs`` to finish, their values taken (``ray.get``), in ``refs``' order.
+
+    Ray's waits run in its C++ core, which cannot pass on an exception raised by a Python signal handler
+    (it turns it into ``SystemError``); so this waits in half-second pieces, each shielded from a stopping
+    signal (:func:`plfl.stopping.deferred`), which takes effect between them.
+
+    Returns:
+        (ref, value) pairs. A ref whose task raised gives the exception instead of a value (RayActorError,
+        RayTaskError ...).
+    """
+    while True:
+        with deferred():
+            ready, _ = ray.wait(refs, num_returns=count, timeout=0.5)
+        if len(ready) >= count:
+            break
+    done = []
+    for ref in (r for r in refs if r in ready):
+        with deferred():
+            try:
+                done.append((ref, ray.get(ref)))
+            except Exception as error:  # noqa: BLE001  the caller decides per task
+                done.append((ref, error))
+    return done
 
 
 _FIX = (

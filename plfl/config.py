@@ -363,6 +363,7 @@ class LoggerConfig:
     )
     project: str = documented("plfl", "wandb: the W&B project")
     entity: Optional[str] = documented(None, "wandb: the W&B entity (null: the account's default)")
+    verbose: bool = documented(False, "wandb: show W&B's own banners and notices (false: plfl's output only)")
 
 
 @dataclass
@@ -393,7 +394,13 @@ class ExperimentConfig:
         "an integer >= 0",
         "save the federation's state every this many rounds and after the last (0: never); plfl fit --resume",
     )
-    keep_checkpoints: int = checked(2, lambda v: v >= 1, "an integer >= 1", "the newest checkpoints kept on disk")
+    keep_checkpoints: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "null or an integer >= 1",
+        "the newest checkpoints kept on disk; null: 2 while the run goes (a damaged newest leaves the one before), "
+        "the last one alone once it completed",
+    )
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     method: Any = documented(

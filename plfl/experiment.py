@@ -86,7 +86,7 @@ def build_callbacks(cfg: DictConfig, state: Callable[[], dict[str, Any]]) -> lis
     and checkpoints of ``state()`` unless ``checkpoint_every`` is 0 (last, after the result files)."""
     callbacks: list[FederationCallback] = [RunFiles(metrics=cfg.logger.name != "none")]
     if cfg.logger.name == "wandb":
-        callbacks.append(WandbRun(cfg.logger.project, cfg.logger.entity))
+        callbacks.append(WandbRun(cfg.logger.project, cfg.logger.entity, cfg.logger.verbose))
     if cfg.progress_bar:
         callbacks.append(RoundProgress())
     if cfg.checkpoint_every:

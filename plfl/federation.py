@@ -30,6 +30,7 @@ import time
 import warnings
 from typing import Any, Optional
 
+from plfl.activity import current as activity
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
 from plfl.errors import FederationError, PlflError, PlflWarning
 from plfl.executors import Executor, drive, resolved
@@ -37,6 +38,7 @@ from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics
 from plfl.seeding import clients_per_round, global_rng_state, sample_clients, set_global_rng_state
 from plfl.state import Params
+from plfl.stopping import Stopped, deferred
 from plfl.tasks import ClientFailure, EvalTask, TrainResult, Trains, checked, non_finite
 
 CHECKPOINT_FORMAT = 2
@@ -73,11 +75,15 @@ class FederationLoop:
         """Run the rounds after the last finished one (0..R for a new run) and return the summary
         (see :meth:`summary`).
 
-        Exceptions propagate after every callback's ``on_fit_error`` has seen
-        a summary with ``status: failed``, the error, and the rounds finished so far.
+        Exceptions propagate after every callback's ``on_fit_error`` has seen a summary with the rounds
+        finished so far and ``status: failed`` with the ``error``, or, for a run stopped by a signal
+        (:class:`plfl.stopping.Stopped`, or ``KeyboardInterrupt``), ``status: interrupted`` with the
+        ``signal``. A round's ``on_round_end`` (its files and checkpoint) completes before a signal takes
+        effect.
 
         Raises:
             FederationError: a round with too many failed clients, or a non-finite global model.
+            Stopped: the run was stopped; its ``run_dir`` and ``round`` (the last finished one) are set.
         """
         self.run_info = dataclasses.replace(self.run_info, history=list(self.history))
         self._emit("on_fit_start")
@@ -86,8 +92,16 @@ class FederationLoop:
             for round_ in range(start, self.federation.rounds + 1):
                 self._emit("on_round_start", round_)
                 result = self.run_round(round_)
-                self.history.append(result)
-                self._emit("on_round_end", result)
+                with deferred():
+                    self.history.append(result)
+                    self._emit("on_round_end", result)
+        except (Stopped, KeyboardInterrupt) as error:
+            summary = self.summary(status="interrupted")
+            summary["signal"] = error.name if isinstance(error, Stopped) else "SIGINT"
+            self._emit("on_fit_error", summary)
+            if isinstance(error, Stopped):
+                error.run_dir, error.round = self.run_info.run_dir, summary["rounds"]
+            raise
         except BaseException as error:
             summary = self.summary(status="failed")
             summary["error"] = f"{type(error).__name__}: {error}"
@@ -99,6 +113,7 @@ class FederationLoop:
 
     def run_round(self, round_: int) -> RoundResult:
         start = time.perf_counter()
+        activity.start_round(round_)
         row: dict[str, Any] = {"round": round_}
         if round_ > 0:
             row.update(self._train_and_aggregate(round_))
@@ -116,6 +131,7 @@ class FederationLoop:
     def _train_and_aggregate(self, round_: int) -> dict[str, float]:
         """Local training of the sampled clients, then the server's aggregation of those that succeeded."""
         method, store = self.method, self.context.store
+        activity.start_phase("training")
         sampled = sample_clients(self.federation.seed, round_, self.num_clients, self.federation.join_ratio)
         messages, failed, loss_sum, samples = {}, [], 0.0, 0
         outcomes = drive([self._client_update(client_id, round_) for client_id in sampled], self.executor)
@@ -185,6 +201,7 @@ class FederationLoop:
             FederationError: a client's local initialisation trained and failed.
         """
         params, size = 0, 0
+        activity.start_phase("broadcast")
         trains_next = set(
             sample_clients(self.federation.seed, round_ + 1, self.num_clients, self.federation.join_ratio)
         )
@@ -218,6 +235,7 @@ class FederationLoop:
 
     def _evaluate(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Every client's model on its test split, and the global model (if any) on all test splits."""
+        activity.start_phase("evaluation")
         results = {}
         for group in self._groups():
             evaluated = self.executor.evaluate([EvalTask(i, self.context.store.get(i, "model")) for i in group])

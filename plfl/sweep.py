@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional
 import yaml
 
 from plfl.callbacks.files import csv_text, write_atomically
-from plfl.cluster import connect, import_ray
+from plfl.cluster import connect, import_ray, wait
 from plfl.config import load_config
 from plfl.errors import ConfigError, PlflError
 
@@ -207,8 +207,8 @@ def run_sweep(
             machine with ``parallel`` CPUs (or on the Ray this process is connected to).
 
     A trial that raises is recorded as failed with its error and the sweep
-    goes on; KeyboardInterrupt stops it with the finished trials saved
-    (running trials are stopped and run again by the next invocation).
+    goes on; a stopping signal (:class:`plfl.stopping.Stopped`) or KeyboardInterrupt stops it with the
+    finished trials saved (running trials are stopped and run again by the next invocation).
 
     Raises:
         ConfigError: a bad sweep file (see :func:`load_sweep`), a bad config or
@@ -350,16 +350,14 @@ class RayTrials:
         Raises:
             PlflError: what the trial raised beyond a failed run (a metric missing from summary.json).
         """
-        (ref,), _ = self.ray.wait(list(self.numbers), num_returns=1)
+        ((ref, trial),) = wait(self.ray, list(self.numbers))
         number = self.numbers.pop(ref)
-        try:
-            trial = self.ray.get(ref)
-        except self.ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, PlflError):
-                raise error.cause from None
-            raise
-        except self.ray.exceptions.RayError as error:  # its worker process died (e.g. out of memory)
-            trial = _failed(sweep, None, f"{type(error).__name__}: {str(error).strip().splitlines()[0]}")
+        if isinstance(trial, self.ray.exceptions.RayTaskError):
+            if isinstance(trial.cause, PlflError):
+                raise trial.cause from None
+            raise trial
+        if isinstance(trial, self.ray.exceptions.RayError):  # its worker process died (e.g. out of memory)
+            trial = _failed(sweep, None, f"{type(trial).__name__}: {str(trial).strip().splitlines()[0]}")
         return number, self.running.pop(number), trial
 
     def close(self) -> None:
@@ -396,7 +394,8 @@ def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> 
         try:
             run_dir, summary = run_experiment(cfg)
         except SystemExit as e:
-            # Lightning's Trainer turns Ctrl+C during a fit into sys.exit(1): stop the sweep, trial unrecorded.
+            # Without plfl's signal handlers (run_sweep called from Python), Lightning's Trainer turns Ctrl+C
+            # during a fit into sys.exit(1): stop the sweep, trial unrecorded.
             raise KeyboardInterrupt from e
         except Exception:
             # run_experiment names its run directory only on success; a failure's partial results are in the new one.

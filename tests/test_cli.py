@@ -1,6 +1,7 @@
 """`plfl fit` from the command line: run directory, output, and failures without tracebacks."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,7 +42,38 @@ def test_quickstart_runs_and_writes_the_run_directory(tmp_path):
         assert summary[key] is not None, key
     assert summary["best_accuracy"] > 0.8  # digits, Dir(0.1), 20 clients: measured 0.9x
     assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 21
-    assert "round   20" in out.stderr  # the progress console prints every evaluated round
+    # The run directory when the run starts (stderr), a line per round with the run's ETA, and the disk use.
+    assert out.stderr.splitlines()[0] == f"Run directory: {run_dir}"
+    assert re.search(r"^round +20/20  accuracy .* s  ETA 0:00:00$", out.stderr, re.MULTILINE)
+    assert re.fullmatch(r"Disk use: [\d.,]+ MB \(checkpoints: keep_checkpoints\)", out.stdout.splitlines()[-2])
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["round-00020.pt"]  # completed: the last one
+
+
+def test_a_torchvision_that_is_not_torchs_build_is_one_clear_error_before_training(tmp_path, monkeypatch, capsys):
+    from plfl import cli
+
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # an import that fails, as a mismatched build does
+    assert cli.main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    torch, vision = cli.installed("torch"), cli.installed("torchvision")
+    assert err.startswith(f"plfl fit: torchvision {vision} does not load beside torch {torch} (")
+    pair = f"torchvision==0.{int(torch.split('.')[1]) + 15}.*"
+    assert f"Install {pair} from the index torch came from" in err and not any(tmp_path.iterdir())
+
+    monkeypatch.undo()
+    versions = {"torch": "2.14.1", "torchvision": "0.28.0+cpu"}
+    monkeypatch.setattr(cli, "installed", lambda package: versions.get(package, "1.0"))
+    assert cli.main(["fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), f"output_dir={tmp_path}"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "plfl fit: torchvision 0.28.0+cpu is not the build for torch 2.14.1. Install torchvision==0.29.* from"
+    )
+
+
+def test_keep_checkpoints_keeps_that_many_of_a_completed_run(digits_config):
+    from plfl.experiment import run_experiment
+
+    run_dir, _ = run_experiment(digits_config(**{"federation.rounds": 3, "keep_checkpoints": 3}))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"round-0000{r}.pt" for r in (1, 2, 3)]
 
 
 def test_print_config_shows_the_resolved_config():

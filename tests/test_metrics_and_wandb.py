@@ -23,10 +23,12 @@ def test_federation_metrics_by_hand():
     assert m["test_loss"] == pytest.approx((1 + 5 + 8 + 70) / 130)
 
 
-def test_wandb_offline_run_is_written(digits_config, monkeypatch):
+def test_wandb_offline_run_is_written_quietly_unless_verbose(digits_config, monkeypatch, capfd):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_experiment(digits_config(**{"logger.name": "wandb", "federation.rounds": 0, "logger.verbose": True}))
+    assert "wandb: " in capfd.readouterr().err  # W&B's banners, on request
     run_dir, summary = run_experiment(digits_config(**{"logger.name": "wandb", "federation.rounds": 1}))
+    assert "wandb" not in capfd.readouterr().err.lower()  # no banner, no deprecation warning
     offline_runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline_runs) == 1 and offline_runs[0].stat().st_size > 0
     assert (run_dir / "metrics.csv").is_file()  # plfl's own files are written too
@@ -73,3 +75,26 @@ def test_wandb_receives_accuracy_histogram_and_method_panels(digits_config, monk
         if table is not None:
             assert isinstance(table, wandb.Table) and len(table.data) > 0
     assert logged[-1]["aggregation_weights"].columns[:3] == ["client", "layer", "retained"]
+
+
+def test_a_stopped_run_is_marked_preempted_in_wandb_and_ends_with_the_signals_status():
+    from plfl.callbacks import WandbRun
+
+    class Run:  # what WandbRun uses of a W&B run
+        def __init__(self):
+            self.summary, self.calls = {}, []
+
+        def mark_preempting(self):
+            self.calls.append("mark_preempting")
+
+        def finish(self, exit_code=0):
+            self.calls.append(f"finish({exit_code})")
+
+    callback = WandbRun("plfl")
+    callback.experiment = Run()
+    callback.on_fit_error(None, {"status": "interrupted", "signal": "SIGTERM", "rounds": 3})
+    assert callback.experiment.calls == ["mark_preempting", "finish(143)"]
+    assert callback.experiment.summary["status"] == "interrupted"
+    callback.experiment = Run()
+    callback.on_fit_error(None, {"status": "failed", "error": "RuntimeError: x"})
+    assert callback.experiment.calls == ["finish(1)"]

@@ -47,7 +47,8 @@ class RoundResult:
 class FederationCallback:
     """Override the hooks you need; :class:`plfl.federation.FederationLoop` calls each with the run first,
     in this order: ``on_fit_start``, then per round ``on_round_start``, ``on_client_end`` for every client
-    that trained, ``on_round_end``; at the end ``on_fit_end``, or ``on_fit_error`` when the run fails."""
+    that trained, ``on_round_end``; at the end ``on_fit_end``, or ``on_fit_error`` when the run fails or is
+    stopped."""
 
     def on_fit_start(self, run: RunInfo) -> None:
         """Called when the run starts or resumes (``run.history``: the rounds finished before)."""
@@ -66,4 +67,5 @@ class FederationCallback:
         "completed"."""
 
     def on_fit_error(self, run: RunInfo, summary: dict[str, Any]) -> None:
-        """Called when the run fails; ``summary`` has ``status: failed`` and ``error``, with results so far."""
+        """Called when the run ends before its last round, with the results so far: it failed (``summary`` has
+        ``status: failed`` and ``error``) or a signal stopped it (``status: interrupted`` and ``signal``)."""

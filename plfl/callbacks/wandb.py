@@ -1,8 +1,9 @@
-"""Weights & Biases logging through Lightning's WandbLogger (works with WANDB_MODE=offline)."""
+"""Weights & Biases logging (works with WANDB_MODE=offline)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import warnings
 from typing import Any
 
@@ -35,20 +36,26 @@ class WandbRun(FederationCallback):
     in ``WANDB_RUN_ID``), a new W&B run logs rounds 0..k from the checkpoint and
     then the new ones, with ``resumed_from: {run_id: <old id>, round: k}`` in its
     config; a :class:`PlflWarning` says so, and ``wandb_run_id`` names the new run.
+
+    W&B's own banners and notices are silenced unless ``verbose``.
     """
 
-    def __init__(self, project: str, entity: str | None = None):
+    def __init__(self, project: str, entity: str | None = None, verbose: bool = False):
         self.project = project
         self.entity = entity
+        self.verbose = verbose
 
     def on_fit_start(self, run: RunInfo) -> None:
+        import wandb
+
         id_file = run.run_dir / RUN_ID_FILE
         options = dict(
             project=self.project,
             entity=self.entity,
             name=run.config.name,
-            save_dir=str(run.run_dir),
+            dir=str(run.run_dir),
             config=OmegaConf.to_container(run.config, resolve=True),
+            settings=wandb.Settings(silent=not self.verbose),
         )
         kept = -1  # the last round that the W&B run already has
         if run.history and id_file.is_file():
@@ -80,14 +87,22 @@ class WandbRun(FederationCallback):
         self.experiment.finish()
 
     def on_fit_error(self, run: RunInfo, summary: dict[str, Any]) -> None:
+        """A failed run ends with exit code 1; a stopped one is marked preempted (W&B's state for a run that
+        will be continued: ``plfl fit --resume`` does) and ends with the signal's exit status."""
         self.experiment.summary.update(summary)
-        self.experiment.finish(exit_code=1)
+        if summary["status"] == "interrupted":
+            self.experiment.mark_preempting()
+            self.experiment.finish(exit_code=128 + signal.Signals[summary["signal"]])
+        else:
+            self.experiment.finish(exit_code=1)
 
 
 def _start(options: dict[str, Any], **init: Any):
-    from lightning.pytorch.loggers import WandbLogger
+    """A W&B run: ``wandb.init`` with ``options`` and ``init``; by default it continues a run of the id W&B was
+    given (``WANDB_RUN_ID``, as a sweep agent sets it) rather than failing on it."""
+    import wandb
 
-    return WandbLogger(**options, **init).experiment
+    return wandb.init(**{"resume": "allow", **options, **init})
 
 
 def _continue(options: dict[str, Any], run_id: str, round_: int) -> tuple[Any, int]:

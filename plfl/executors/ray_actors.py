@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from plfl.cluster import connect, import_ray
+from plfl.activity import current as activity
+from plfl.cluster import connect, import_ray, wait
 from plfl.data import FederatedData
 from plfl.errors import ConfigError, FederationError, PlflError
 from plfl.executors.sequential import SequentialExecutor
@@ -80,7 +81,9 @@ class RayExecutor:
                 max(1, int(options.num_cpus_per_actor)),
             )
             self.actors = [self.actor_class.remote(*self.args) for _ in range(options.num_actors)]
-            self.ray.get([actor.ready.remote() for actor in self.actors])
+            for _, outcome in wait(self.ray, [actor.ready.remote() for actor in self.actors], len(self.actors)):
+                if isinstance(outcome, Exception):
+                    raise outcome
         except self.ray.exceptions.RayActorError as error:
             self.close()
             raise PlflError(
@@ -125,6 +128,8 @@ class RayExecutor:
         """Each task (or tuple of arguments) on the next idle actor; results in task order. A task whose actor
         dies is retried once on a fresh actor, then gets ``fail(task, reason)``."""
         results: list[Any] = [None] * len(tasks)
+        work = {"train": "training", "evaluate": "evaluation"}.get(method) or (tasks[0][0].step.work if tasks else "")
+        activity.start_work(work, len(tasks))
         queue, idle = deque(range(len(tasks))), deque(range(len(self.actors)))
         running: dict[Any, tuple[int, int]] = {}  # ObjectRef → (actor slot, task index)
         died: set[int] = set()
@@ -133,23 +138,23 @@ class RayExecutor:
                 slot, i = idle.popleft(), queue.popleft()
                 args = tasks[i] if isinstance(tasks[i], tuple) else (tasks[i],)
                 running[getattr(self.actors[slot], method).remote(*args)] = (slot, i)
-            (ref,), _ = self.ray.wait(list(running), num_returns=1)
+            ((ref, outcome),) = wait(self.ray, list(running))
             slot, i = running.pop(ref)
-            try:
-                results[i] = self.ray.get(ref)
-            except self.ray.exceptions.RayActorError as error:
+            idle.append(slot)
+            if isinstance(outcome, self.ray.exceptions.RayActorError):
                 self.ray.kill(self.actors[slot])  # it may be unreachable rather than dead
                 self.actors[slot] = self.actor_class.remote(*self.args)
-                if i in died:
-                    results[i] = fail(tasks[i], f"its Ray actor died twice ({_first_line(error)})")
-                else:
+                if i not in died:
                     died.add(i)
                     queue.appendleft(i)
-            except self.ray.exceptions.RayTaskError as error:
-                if isinstance(error.cause, PlflError):
-                    raise error.cause from None  # bad input or options: every client would fail the same way
-                raise
-            idle.append(slot)
+                    continue
+                outcome = fail(tasks[i], f"its Ray actor died twice ({_first_line(outcome)})")
+            elif isinstance(outcome, self.ray.exceptions.RayTaskError):
+                if isinstance(outcome.cause, PlflError):
+                    raise outcome.cause from None  # bad input or options: every client would fail the same way
+                raise outcome
+            results[i] = outcome
+            activity.finish_clients()
         return results
 
     def _check_resources(self) -> None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 import torch
 from torch import nn
 
+from plfl.activity import current as activity
 from plfl.batches import has_batch_norm
 from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.data import FederatedData
@@ -67,6 +68,7 @@ class SequentialExecutor:
         return cls(data, LocalTrainer(module, trainer, federation.batch_size))
 
     def train(self, tasks: list[TrainTask]) -> list[TrainResult | ClientFailure]:
+        activity.start_work("training", len(tasks))
         return [self._guarded(self._train, task, "local training") for task in tasks]
 
     def _train(self, task: TrainTask) -> TrainResult | ClientFailure:
@@ -85,6 +87,7 @@ class SequentialExecutor:
         )
 
     def step(self, tasks: list[StepTask]) -> list[StepResult | ClientFailure]:
+        activity.start_work(tasks[0].step.work if tasks else "", len(tasks))
         return [self._guarded(self._step, task, task.step.work) for task in tasks]
 
     def _step(self, task: StepTask) -> StepResult | ClientFailure:
@@ -94,7 +97,12 @@ class SequentialExecutor:
         return checked(result, result.state)
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
-        return [self.trainer.evaluate(task.params, *self._evaluation_split(task)) for task in tasks]
+        activity.start_work("evaluation", len(tasks))
+        results = []
+        for task in tasks:
+            results.append(self.trainer.evaluate(task.params, *self._evaluation_split(task)))
+            activity.finish_clients()
+        return results
 
     def close(self) -> None:
         """Nothing to release: everything runs in this process."""
@@ -109,6 +117,8 @@ class SequentialExecutor:
             raise  # bad input or options: every client would fail the same way
         except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
             return raised(error, work)
+        finally:
+            activity.finish_clients()
 
     @cached_property
     def device(self) -> torch.device:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from plfl.activity import current as activity
 from plfl.batches import epoch_size, last_batch_minimum, sample_rows, training_rows
 from plfl.state import Params
 from plfl.tasks import Batch, StepResult, StepTask
@@ -66,6 +67,7 @@ def run_step_task(
                 inputs_b = prepared[b]
             out = task.step(network, state, inputs, shared, Batch(inputs_b, y[index], None))
             state, last, samples = out.state, float(out.loss), float(out.samples)
+            activity.add_steps()
             loss_sum, weight, seen = loss_sum + last * samples, weight + samples, seen + len(index)
         epoch_losses.append(last)
         if task.stop is not None and task.stop(epoch_losses):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from plfl.activity import current as activity
 from plfl.batches import EVAL_BATCH_SIZE, has_batch_norm, last_batch_minimum, padded_rows, training_rows
 from plfl.data import FederatedData
 from plfl.errors import PlflError, PlflWarning
@@ -161,6 +162,7 @@ class VectorizedExecutor:
             batch_index[:k].copy_(index[s, :k])
             batch_mask[:k].copy_(mask[s, :k])
             self.graphs((*key, width, k), partial(step, k), partial(mutated, k))
+            activity.add_steps(k)
 
     def _train_step(self, cohort: CohortState, names: list[str], mu: Optional[float], k: int) -> None:
         """One SGD step of the cohort's first ``k`` members on their batches in ``cohort.batch``, reading and
@@ -221,6 +223,7 @@ class VectorizedExecutor:
         cohorts, longest ``rows_of(task)`` first (a list of epochs: its first), and each cohort run by
         ``run(tasks, rows)``; a cohort that
         raises fails its clients alone (``PlflError``, bad input, propagates)."""
+        activity.start_work(work if work != "local training" else "training", len(tasks))
         groups = defaultdict(list)
         for i, t in enumerate(tasks):
             groups[key(t)].append(i)
@@ -236,6 +239,7 @@ class VectorizedExecutor:
                     results = [raised(error, work)] * len(cohort)
                 for i, result in zip(cohort, results):
                     outcomes[i] = result
+                activity.finish_clients(len(cohort))
         return outcomes
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:

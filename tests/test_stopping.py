@@ -1,0 +1,164 @@
+"""Stopping a run with SIGINT (Ctrl+C) or SIGTERM, sent for real to a ``plfl`` process in the middle of a local
+epoch: it stops within seconds with its message, status and exit code, keeps its finished rounds, and
+``--resume`` then gives the metrics of an uninterrupted run. Also on the Ray executor and inside ``plfl sweep``."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from plfl.stopping import Stopped, deferred, stop_on_signals
+
+from test_resume import ROOT, results
+
+# One local epoch takes seconds: a wide MLP, batch 5, on two digits clients of ~900 samples each, one a round.
+CONFIG = """\
+name: slow
+output_dir: {output}
+progress_bar: false
+data: {{source: digits, num_clients: 2, beta: 5.0}}
+model: {{name: mlp, hidden_sizes: [3072, 3072]}}
+federation: {{rounds: 1, join_ratio: 0.5, lr: 0.01, batch_size: 5, executor: {executor}}}
+"""
+# PYTHONPATH: the plfl of this tree whatever the working directory (a sweep runs from its own).
+ENV = {"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+STOP_WITHIN_S = 5  # what "stops within a few seconds" promises; a local epoch here takes longer
+
+
+def config(tmp_path: Path, executor: str = "sequential") -> Path:
+    path = tmp_path / f"slow-{executor}.yaml"
+    path.write_text(CONFIG.format(output=tmp_path / executor, executor=executor))
+    return path
+
+
+def plfl(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "plfl.cli", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def wait_for(directory: Path, pattern: str, process: subprocess.Popen, timeout_s: float = 300) -> Path:
+    """The first file matching ``pattern`` under ``directory`` once it exists (the process must still run)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = sorted(directory.glob(pattern)) if directory.exists() else []
+        if found:
+            return found[0]
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.1)
+    raise TimeoutError(directory / pattern)
+
+
+def stop_mid_epoch(process: subprocess.Popen, run_parent: Path, signum: int) -> tuple[float, str, str]:
+    """Waits until round 0 is written (round 1's local training starts at once), lets it train a second, sends
+    ``signum``; returns (seconds until the process exited, stdout, stderr)."""
+    wait_for(run_parent, "*/metrics.csv", process)
+    time.sleep(1.0)
+    process.send_signal(signum)
+    sent = time.monotonic()
+    out, err = process.communicate(timeout=60)
+    return time.monotonic() - sent, out, err
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> tuple:
+    """The results of the slow run, not interrupted (sequential; Ray gives the same numbers)."""
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    done = subprocess.run(
+        [sys.executable, "-m", "plfl.cli", "fit", "--config", str(config(tmp_path))],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return results(Path(done.stdout.strip().splitlines()[-1].removeprefix("Run directory: ")))
+
+
+@pytest.mark.parametrize(
+    "signum, executor",
+    [(signal.SIGINT, "sequential"), (signal.SIGTERM, "sequential"), (signal.SIGTERM, "ray")],
+)
+def test_a_signal_mid_epoch_stops_the_run_within_seconds_and_resume_finishes_it(
+    tmp_path, uninterrupted, signum, executor
+):
+    if executor == "ray":
+        pytest.importorskip("ray")
+    process = plfl("fit", "--config", str(config(tmp_path, executor)))
+    seconds, out, err = stop_mid_epoch(process, tmp_path / executor / "slow", signum)
+    (run_dir,) = (tmp_path / executor / "slow").iterdir()
+    name = signal.Signals(signum).name
+    assert process.returncode == 128 + signum, err  # 130, 143
+    assert (
+        err.strip().splitlines()[-1] == f"Stopped by {name} after round 0; continue with: plfl fit --resume {run_dir}"
+    )
+    assert seconds < STOP_WITHIN_S, f"stopped after {seconds:.1f} s"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["signal"], summary["rounds"]) == ("interrupted", name, 0)
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["round-00000.pt"]
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "plfl.cli", "fit", "--resume", str(run_dir)],
+        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert results(run_dir) == uninterrupted
+
+
+def test_a_sweep_stops_on_a_signal_and_its_next_invocation_runs_the_trial_again(tmp_path):
+    (tmp_path / "configs").mkdir()
+    config(tmp_path).rename(tmp_path / "configs" / "slow.yaml")
+    (tmp_path / "sweep.yaml").write_text(
+        textwrap.dedent("""\
+            method: grid
+            metric: {name: best_accuracy, goal: maximize}
+            parameters:
+              federation.lr: {values: [0.01]}
+            command: [plfl, fit, --config, configs/slow.yaml, "${args_no_hyphens}"]
+            """)
+    )
+    process = plfl("sweep", "sweep.yaml", cwd=tmp_path)
+    seconds, out, err = stop_mid_epoch(process, tmp_path / "sequential" / "slow", signal.SIGINT)
+    assert process.returncode == 130 and seconds < STOP_WITHIN_S, err
+    assert err.strip().splitlines()[-1] == (
+        "Stopped by SIGINT; finished trials are saved; run the same command again to continue."
+    )
+    again = subprocess.run(
+        [sys.executable, "-m", "plfl.cli", "sweep", "sweep.yaml"],
+        cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    (trial,) = json.loads((tmp_path / "sequential" / "sweeps" / "sweep" / "trials.json").read_text())["trials"]
+    assert trial["status"] == "completed"
+
+
+def test_a_second_signal_ends_the_process_at_once():
+    script = textwrap.dedent("""\
+        import os, signal, time
+        from plfl.stopping import Stopped, stop_on_signals
+        with stop_on_signals():
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+            except Stopped:
+                print("stopping", flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)  # while the first is being handled
+                time.sleep(30)
+        print("not reached")
+        """)
+    done = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=20)
+    assert (done.returncode, done.stdout) == (143, "stopping\n")
+
+
+def test_a_signal_in_a_deferred_block_takes_effect_at_its_end():
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_on_signals():
+        with pytest.raises(Stopped) as stop:
+            with deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                written = True  # the block goes on: a round's files and checkpoint are written whole
+        assert written and stop.value.name == "SIGTERM" and stop.value.exit_status == 143
+    assert signal.getsignal(signal.SIGTERM) is before  # the handlers come back
