@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 @dataclass
 class Activity:
     """The current round (None before the first), phase and work, clients ``done`` of the work's ``total``,
-    ``steps`` taken in the round, and when the round and the phase started (``time.monotonic`` seconds)."""
+    ``steps`` taken in the round, and when the round started (``time.monotonic`` seconds)."""
 
     round: int | None = None
     phase: str = ""
@@ -26,14 +26,12 @@ class Activity:
     total: int = 0
     steps: int = 0
     round_started: float = field(default_factory=time.monotonic)
-    phase_started: float = field(default_factory=time.monotonic)
 
     def start_round(self, round_: int) -> None:
         self.round, self.steps, self.round_started = round_, 0, time.monotonic()
 
     def start_phase(self, phase: str) -> None:
         self.phase, self.work, self.done, self.total = phase, "", 0, 0
-        self.phase_started = time.monotonic()
 
     def start_work(self, work: str, clients: int) -> None:
         """An executor call of ``clients`` clients' ``work`` begins."""
