@@ -1,0 +1,437 @@
+"""A method in plfl beside the same method in PFLlib on one federation: per-round accuracy, gaps, largest gap.
+
+Usage: python benchmarks/pfllib_parity.py --pfllib PATH/TO/PFLlib --method NAME [--rounds 5] [--seeds 1]
+       [--data DIR] [--tolerance 1.0] [--from-round 3] [--out DIR] [key=value ...]
+
+PFLlib (https://github.com/TsingZ0/PFLlib) is the code behind FedALA's baselines. This script runs the
+user's own checkout of it (``system/main.py``, on the CPU) and ``plfl fit --config configs/NAME.yaml`` on
+the same federation: ``--data``, a folder in PFLlib's format (``train/`` and ``test/`` with one ``.npz``
+per client; default the FedALA MNIST Dir(0.1) federation in ``../shared/data``). Both use plfl's 4-layer
+CNN (PFLlib's ``FedAvgCNN``), and PFLlib gets every setting from plfl's resolved config: batch size, lr,
+local epochs, join ratio, rounds and the method's own keys (``METHODS``; ``--mapping`` prints the
+table). ``key=value`` overrides change plfl's config and so both sides.
+
+Both report the accuracy of each client's evaluated model on its own test split, pooled over all test
+samples (PFLlib's "Averaged Test Accuracy"), after r rounds, before the next local training; PFLlib's
+pFedMe and FedPHP evaluate their global model there, so plfl's ``global_accuracy`` is set beside it. Seeds:
+plfl runs ``federation.seed`` 0..K−1; PFLlib fixes its seed and runs ``--times K`` in one process, each
+run continuing the random stream of the one before (so its first run is the same for every K).
+
+Prints a Markdown table: round, plfl and PFLlib in % (mean ± sample std over seeds), plfl − PFLlib in
+percentage points; then the largest |gap| from ``--from-round`` on (earlier rounds are dominated by each
+side's own random initial model and batch order) and exits with status 1 when it exceeds
+``--tolerance``. ``DIR/parity.csv`` keeps the table. A side whose finished output in ``DIR`` was run with
+the same settings is read, not run again; both sides run at once, each with half the CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from plfl.config import load_config
+from plfl.errors import PlflError
+from plfl.report.runs import read_report_run
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1"
+
+
+@dataclass(frozen=True)
+class Flag:
+    """PFLlib's ``--name`` set from plfl's config ``key`` (through ``convert``, for keys counted differently)."""
+
+    name: str
+    key: str
+    convert: Callable[[object, DictConfig], object] = lambda value, cfg: value
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """A plfl method and its PFLlib algorithm: the method's flags and the plfl overrides that match PFLlib."""
+
+    algorithm: str
+    flags: tuple[Flag, ...] = ()
+    overrides: tuple[str, ...] = ()
+    note: str = ""
+    column: str = "accuracy"  # plfl's metrics.csv column that measures what PFLlib's accuracy does
+
+
+def _half(epochs: int) -> int:
+    if epochs % 2:
+        raise PlflError(f"PFLlib's Per-FedAvg trains twice per local epoch: federation.local_epochs={epochs} is odd.")
+    return epochs // 2
+
+
+def _whole(value: float, key: str) -> int:
+    if not float(value).is_integer():
+        raise PlflError(f"PFLlib takes whole numbers only: {key}={value}.")
+    return int(value)
+
+
+SHARED = (
+    Flag("batch_size", "federation.batch_size"),
+    Flag("local_learning_rate", "federation.lr"),
+    Flag("local_epochs", "federation.local_epochs"),
+    Flag("join_ratio", "federation.join_ratio"),
+    Flag("global_rounds", "federation.rounds"),
+)
+
+GLOBAL_NOTE = "PFLlib's accuracy is its global model's, so plfl's global_accuracy is compared"
+METHODS = {
+    "fedavg": Pairing("FedAvg"),
+    "local": Pairing("Local"),
+    "fedala": Pairing(
+        "FedALA",
+        (
+            Flag("eta", "method.eta"),
+            Flag("rand_percent", "method.s", lambda s, cfg: _whole(s, "method.s")),
+            Flag("layer_idx", "method.p"),
+        ),
+        note="PFLlib's ALA threshold (0.1) and loss window (10) are fixed: method.threshold, method.num_pre_loss",
+    ),
+    "fedprox": Pairing("FedProx", (Flag("mu", "method.mu"),)),
+    "perfedavg": Pairing(
+        "PerAvg",
+        (
+            Flag(
+                "local_epochs",
+                "federation.local_epochs",
+                lambda epochs, cfg: _half(epochs),
+                "PFLlib trains each client twice a round",
+            ),
+        ),
+        ("federation.local_epochs=2",),
+        note="PFLlib's α and β are both the lr: method.alpha and method.beta null",
+    ),
+    "ditto": Pairing("Ditto", (Flag("mu", "method.lam"), Flag("plocal_epochs", "method.personal_epochs"))),
+    "pfedme": Pairing(
+        "pFedMe",
+        (
+            Flag("lamda", "method.lam"),
+            Flag("K", "method.k"),
+            Flag("p_learning_rate", "method.personal_lr"),
+            Flag("beta", "method.beta"),
+        ),
+        note=GLOBAL_NOTE,
+        column="global_accuracy",
+    ),
+    "fedrep": Pairing("FedRep", (Flag("plocal_epochs", "method.head_epochs"),)),
+    "lgfedavg": Pairing("LG-FedAvg"),
+    "fedbn": Pairing(
+        "FedBN",
+        overrides=("model.batch_norm=false", "method.name=fedavg"),
+        note="PFLlib's MNIST CNN has no BatchNorm layer, so its FedBN is FedAvg; plfl's side is FedAvg too",
+    ),
+    "fedamp": Pairing(
+        "FedAMP", (Flag("alphaK", "method.alpha_k"), Flag("lamda", "method.lam"), Flag("sigma", "method.sigma"))
+    ),
+    "fedfomo": Pairing("FedFomo", (Flag("M", "method.m"),), note="PFLlib's validation share (0.2) is fixed"),
+    "apple": Pairing(
+        "APPLE",
+        (
+            Flag("dr_learning_rate", "method.dr_lr"),
+            Flag("mu", "method.mu"),
+            Flag(
+                "L",
+                "method.schedule_rounds",
+                lambda rounds, cfg: (rounds or cfg.federation.rounds) / cfg.federation.rounds,
+                "a share of the rounds in PFLlib (null: all)",
+            ),
+        ),
+    ),
+    "fedphp": Pairing(
+        "FedPHP",
+        (Flag("mu", "method.mu"), Flag("lamda", "method.lam")),
+        note="PFLlib's μ_t rises over all rounds: method.inheritance_rounds null; " + GLOBAL_NOTE,
+        column="global_accuracy",
+    ),
+}
+
+
+def mapping_table() -> str:
+    """The Markdown table of every method's PFLlib flags, the plfl keys they come from and plfl's defaults."""
+    lines = [
+        "| method | PFLlib `-algo` | PFLlib flag | plfl key | value | note |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, pairing in METHODS.items():
+        cfg = load_config(ROOT / "configs" / f"{name}.yaml", list(pairing.overrides))
+        flags = pairing.flags
+        if not flags:
+            lines.append(f"| {name} | {pairing.algorithm} | – | – | – | – | {pairing.note} |")
+        for i, flag in enumerate(flags):
+            value = OmegaConf.select(cfg, flag.key)
+            note = "; ".join(n for n in (flag.note, pairing.note if i == 0 else "") if n)
+            lines.append(
+                f"| {name if i == 0 else ''} | {pairing.algorithm if i == 0 else ''} | `--{flag.name}` | "
+                f"`{flag.key}` | {value} | {flag.convert(value, cfg)} | {note} |"
+            )
+    return "\n".join(lines)
+
+
+def pfllib_args(cfg: DictConfig, pairing: Pairing, dataset: str, num_clients: int, seeds: int) -> dict[str, str]:
+    """PFLlib's ``main.py`` arguments (long names, as its log echoes them) for plfl's resolved ``cfg``."""
+    own = {f.name for f in pairing.flags}
+    args = {
+        "dataset": dataset,
+        "model": "CNN",
+        "algorithm": pairing.algorithm,
+        "device": "cpu",
+        "num_clients": str(num_clients),
+        "eval_gap": "1",
+        "times": str(seeds),
+    }
+    for flag in tuple(f for f in SHARED if f.name not in own) + pairing.flags:
+        args[flag.name] = str(flag.convert(OmegaConf.select(cfg, flag.key), cfg))
+    return args
+
+
+ECHO = re.compile(r"^(\w+) = (.*)$")
+RUN = re.compile(r"Running time: (\d+)th")
+ROUND = re.compile(r"Round number: (\d+)")
+ACCURACY = re.compile(r"Averaged Test Accuracy: ([0-9.]+)")
+
+
+def read_pfllib_log(text: str) -> tuple[dict[str, str], list[dict[int, float]]]:
+    """PFLlib's echoed arguments and, per run (``--times``), round → Averaged Test Accuracy (%).
+
+    Raises:
+        PlflError: an accuracy line comes before any round or run line (not a PFLlib ``main.py`` log).
+    """
+    echoed, runs, current = {}, [], None
+    for line in text.splitlines():
+        if (m := ECHO.match(line)) and not runs:
+            echoed[m.group(1)] = m.group(2)
+        elif RUN.search(line):
+            runs.append({})
+        elif m := ROUND.search(line):
+            current = int(m.group(1))
+        elif m := ACCURACY.search(line):
+            if not runs or current is None:
+                raise PlflError("an 'Averaged Test Accuracy' line before any round: this is not PFLlib's main.py log")
+            runs[-1][current] = 100 * float(m.group(1))
+    return echoed, runs
+
+
+def _same(echoed: dict[str, str], args: dict[str, str]) -> bool:
+    def value(text: Optional[str]) -> object:
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            return text
+
+    return all(value(echoed.get(k)) == value(v) for k, v in args.items())
+
+
+class Side:
+    """One side's command, its output in the comparison's folder, and its per-seed accuracies."""
+
+    def __init__(self, command: list[str], cwd: Path, log: Path) -> None:
+        self.command, self.cwd, self.log = command, cwd, log
+
+    def start(self, threads: int) -> subprocess.Popen:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        return subprocess.Popen(
+            self.command, cwd=self.cwd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT
+        )
+
+
+class PfllibSide(Side):
+    def __init__(self, pfllib: Path, data: Path, dataset: str, args: dict[str, str], out: Path) -> None:
+        main = pfllib / "system" / "main.py"
+        if not main.is_file():
+            raise PlflError(
+                f"{main} does not exist: pass --pfllib the root of a PFLlib checkout (it has system/main.py)."
+            )
+        work = out / "pfllib"
+        _link_dataset(data, work / "dataset" / dataset)
+        (work / "system").mkdir(parents=True, exist_ok=True)
+        flags = [token for name, value in args.items() for token in (f"--{name}", value)]
+        super().__init__([sys.executable, str(main), *flags], work / "system", out / "pfllib.log")
+        self.args, self.seeds = args, int(args["times"])
+
+    def accuracies(self) -> Optional[list[dict[int, float]]]:
+        """Per seed, round → accuracy (%); None unless the log is a finished run of these arguments."""
+        if not self.log.is_file():
+            return None
+        text = self.log.read_text(errors="replace")
+        echoed, runs = read_pfllib_log(text)
+        finished = "All done!" in text and len(runs) == self.seeds
+        return runs if finished and _same(echoed, self.args) else None
+
+
+class PlflSide(Side):
+    def __init__(self, config: Path, overrides: list[str], cfg: DictConfig, seeds: int, out: Path, column: str):
+        self.cfg, self.out, self.seeds, self.column = cfg, out / "plfl", seeds, column
+        plfl = str(Path(sys.executable).with_name("plfl"))
+        fits = [
+            shlex.join([plfl, "fit", "--config", str(config), *overrides, f"federation.seed={seed}"])
+            + f" output_dir={shlex.quote(str(self.out))} name=seed{seed} progress_bar=false checkpoint_every=0"
+            for seed in range(seeds)
+            if self._run_dir(seed) is None
+        ]
+        super().__init__(["bash", "-ec", "\n".join(fits)], ROOT, out / "plfl.log")
+
+    def accuracies(self) -> Optional[list[dict[int, float]]]:
+        """Per seed, round → accuracy (%); None unless each seed has a completed run of this config."""
+        runs = [self._run_dir(seed) for seed in range(self.seeds)]
+        if None in runs:
+            return None
+        return [{r: 100 * v for r, v in zip(*read_report_run(run).series(self.column))} for run in runs]
+
+    def _run_dir(self, seed: int) -> Optional[Path]:
+        """The newest completed run of ``seed`` with this config's data, model, method and federation."""
+        sections = ("data", "model", "method", "federation")
+        wanted = {s: OmegaConf.to_container(self.cfg[s]) for s in sections}
+        wanted["federation"]["seed"] = seed
+        for summary in sorted((self.out / f"seed{seed}").glob("*/summary.json"), reverse=True):
+            saved = OmegaConf.load(summary.parent / "config.yaml")
+            same = all(OmegaConf.to_container(saved[s]) == wanted[s] for s in sections)
+            if same and read_report_run(summary.parent).status == "completed":
+                return summary.parent
+        return None
+
+
+def _link_dataset(data: Path, target: Path) -> None:
+    """PFLlib's reader wants ``train/{i}.npz``; FedALA's files are ``train/train{i}_.npz``: link either."""
+    for split in ("train", "test"):
+        (target / split).mkdir(parents=True, exist_ok=True)
+        for file in (data / split).glob("*.npz"):
+            index = re.fullmatch(rf"(?:{split})?(\d+)_?\.npz", file.name)
+            if index is None:
+                raise PlflError(f"{file} is not a PFLlib client file ({split}/{{i}}.npz or {split}/{split}{{i}}_.npz).")
+            link = target / split / f"{index.group(1)}.npz"
+            link.unlink(missing_ok=True)
+            link.symlink_to(file.resolve())
+
+
+def _clients(data: Path) -> int:
+    count = len(list((data / "train").glob("*.npz")))
+    if not count:
+        raise PlflError(f"{data}/train has no .npz files: pass --data a federation in PFLlib's format.")
+    return count
+
+
+def summarize(seeds: list[dict[int, float]]) -> dict[int, tuple[float, float]]:
+    """Round → (mean, sample std; 0 for one seed) over the seeds that evaluated the round."""
+    rounds = sorted(set.intersection(*(set(s) for s in seeds)))
+    return {
+        r: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
+        for r in rounds
+        for v in [[s[r] for s in seeds]]
+    }
+
+
+def compare(plfl: list[dict[int, float]], pfllib: list[dict[int, float]], from_round: int) -> tuple[list[list], float]:
+    """Rows (round, plfl mean, std, PFLlib mean, std, gap in pp) and the largest |gap| from ``from_round`` on.
+
+    Raises:
+        PlflError: the two sides evaluated no round in common from ``from_round`` on.
+    """
+    a, b = summarize(plfl), summarize(pfllib)
+    rows = [[r, *a[r], *b[r], a[r][0] - b[r][0]] for r in sorted(a.keys() & b.keys())]
+    checked = [abs(row[-1]) for row in rows if row[0] >= from_round]
+    if not checked:
+        raise PlflError(f"plfl evaluated rounds {sorted(a)} and PFLlib {sorted(b)}: none in common from {from_round}.")
+    return rows, max(checked)
+
+
+def run(args: argparse.Namespace) -> int:
+    pairing = METHODS[args.method]
+    config = ROOT / "configs" / f"{args.method}.yaml"
+    overrides = [
+        f"data.root={args.data.resolve()}",
+        "data.source=pfllib",
+        f"federation.rounds={args.rounds}",
+        *pairing.overrides,
+        *args.overrides,
+    ]
+    cfg = load_config(config, overrides)
+    if cfg.model.name != "cnn":
+        raise PlflError(f"model.name={cfg.model.name}: PFLlib's side is its CNN, so plfl's must be cnn.")
+    out = args.out or ROOT / "runs" / "pfllib-parity" / args.method
+    out.mkdir(parents=True, exist_ok=True)
+    sides = [
+        PlflSide(config, overrides, cfg, args.seeds, out, pairing.column),
+        PfllibSide(
+            args.pfllib,
+            args.data,
+            args.dataset,
+            pfllib_args(cfg, pairing, args.dataset, _clients(args.data), args.seeds),
+            out,
+        ),
+    ]
+    _run_missing(sides)
+    plfl, pfllib = (side.accuracies() for side in sides)
+    rows, largest = compare(plfl, pfllib, args.from_round)
+    _print(args, rows, largest, out)
+    return 1 if largest > args.tolerance else 0
+
+
+def _run_missing(sides: list[Side]) -> None:
+    missing = [side for side in sides if side.accuracies() is None]
+    threads = max(1, (os.cpu_count() or 2) // max(1, len(missing)))
+    for side in missing:
+        print(f"running: {' '.join(side.command)}\n  (log: {side.log})", flush=True)
+    for side, process in [(side, side.start(threads)) for side in missing]:
+        if process.wait() != 0 or side.accuracies() is None:
+            tail = "".join(side.log.read_text(errors="replace").splitlines(keepends=True)[-15:])
+            raise PlflError(f"{side.log} did not finish (exit status {process.returncode}); its end:\n{tail}")
+
+
+def _print(args: argparse.Namespace, rows: list[list], largest: float, out: Path) -> None:
+    def cell(mean: float, std: float) -> str:
+        return f"{mean:.2f} ± {std:.2f}" if args.seeds > 1 else f"{mean:.2f}"
+
+    pairing = METHODS[args.method]
+    print(f"\n{args.method} ({pairing.algorithm} in PFLlib), {args.seeds} seed(s), data {args.data}\n")
+    print(f"| round | plfl {pairing.column} (%) | PFLlib (%) | plfl − PFLlib (pp) |\n| --- | --- | --- | --- |")
+    for r, a, sa, b, sb, gap in rows:
+        print(f"| {r} | {cell(a, sa)} | {cell(b, sb)} | {gap:+.2f} |")
+    with (out / "parity.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["round", "plfl", "plfl_std", "pfllib", "pfllib_std", "gap"])
+        writer.writerows([[r, *(f"{v:.4f}" for v in rest)] for r, *rest in rows])
+    print(f"\nlargest |gap| from round {args.from_round}: {largest:.2f} pp (tolerance {args.tolerance} pp)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pfllib", type=Path, help="root of a PFLlib checkout (it has system/main.py)")
+    parser.add_argument("--method", choices=sorted(METHODS), help="plfl's method name (configs/NAME.yaml)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seeds", type=int, default=1, help="plfl seeds 0..K-1; PFLlib --times K")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a federation in PFLlib's format")
+    parser.add_argument("--dataset", default="MNIST", help="PFLlib's data set name (picks its CNN's input size)")
+    parser.add_argument("--tolerance", type=float, default=1.0, help="percentage points (default 1.0)")
+    parser.add_argument("--from-round", type=int, default=3, help="first round the tolerance applies to")
+    parser.add_argument("--out", type=Path, help="where both sides' output goes (runs/pfllib-parity/NAME)")
+    parser.add_argument("--mapping", action="store_true", help="print the flag table and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="plfl config overrides")
+    args = parser.parse_args()
+    try:
+        if args.mapping:
+            print(mapping_table())
+            return
+        if args.pfllib is None or args.method is None:
+            parser.error("--pfllib and --method are required")
+        sys.exit(run(args))
+    except PlflError as e:
+        sys.exit(f"pfllib_parity.py: {e}")
+
+
+if __name__ == "__main__":
+    main()
