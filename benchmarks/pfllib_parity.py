@@ -12,8 +12,10 @@ local epochs, join ratio, rounds and the method's own keys (``METHODS``; ``--map
 table). ``key=value`` overrides change plfl's config and so both sides.
 
 Both report the accuracy of each client's evaluated model on its own test split, pooled over all test
-samples (PFLlib's "Averaged Test Accuracy"), after r rounds, before the next local training; PFLlib's
-pFedMe and FedPHP evaluate their global model there, so plfl's ``global_accuracy`` is set beside it. Seeds:
+samples (PFLlib's "Averaged Test Accuracy"), after r rounds, before the next local training. PFLlib's
+pFedMe evaluates its global model there, so plfl's ``global_accuracy`` is set beside it; PFLlib's FedPHP
+evaluates each client's model right after its local training, so its round r is set beside plfl's r + 1
+(the last accuracy PFLlib prints for a round is read: Ditto prints its global model's first). Seeds:
 plfl runs ``federation.seed`` 0..K−1; PFLlib fixes its seed and runs ``--times K`` in one process, each
 run continuing the random stream of the one before (so its first run is the same for every K).
 
@@ -67,6 +69,7 @@ class Pairing:
     overrides: tuple[str, ...] = ()
     note: str = ""
     column: str = "accuracy"  # plfl's metrics.csv column that measures what PFLlib's accuracy does
+    round_offset: int = 0  # PFLlib's round r is plfl's round r + round_offset
 
 
 def _half(epochs: int) -> int:
@@ -89,7 +92,6 @@ SHARED = (
     Flag("global_rounds", "federation.rounds"),
 )
 
-GLOBAL_NOTE = "PFLlib's accuracy is its global model's, so plfl's global_accuracy is compared"
 METHODS = {
     "fedavg": Pairing("FedAvg"),
     "local": Pairing("Local"),
@@ -125,7 +127,7 @@ METHODS = {
             Flag("p_learning_rate", "method.personal_lr"),
             Flag("beta", "method.beta"),
         ),
-        note=GLOBAL_NOTE,
+        note="PFLlib's accuracy is its global model's, so plfl's global_accuracy is compared",
         column="global_accuracy",
     ),
     "fedrep": Pairing("FedRep", (Flag("plocal_epochs", "method.head_epochs"),)),
@@ -155,8 +157,9 @@ METHODS = {
     "fedphp": Pairing(
         "FedPHP",
         (Flag("mu", "method.mu"), Flag("lamda", "method.lam")),
-        note="PFLlib's μ_t rises over all rounds: method.inheritance_rounds null; " + GLOBAL_NOTE,
-        column="global_accuracy",
+        note="PFLlib's μ_t rises over all rounds: method.inheritance_rounds null; PFLlib evaluates each "
+        "client's model after its local training, so its round r is plfl's round r + 1",
+        round_offset=1,
     ),
 }
 
@@ -250,7 +253,7 @@ class Side:
 
 
 class PfllibSide(Side):
-    def __init__(self, pfllib: Path, data: Path, dataset: str, args: dict[str, str], out: Path) -> None:
+    def __init__(self, pfllib: Path, data: Path, dataset: str, args: dict[str, str], out: Path, offset: int = 0):
         main = pfllib / "system" / "main.py"
         if not main.is_file():
             raise PlflError(
@@ -261,7 +264,7 @@ class PfllibSide(Side):
         (work / "system").mkdir(parents=True, exist_ok=True)
         flags = [token for name, value in args.items() for token in (f"--{name}", value)]
         super().__init__([sys.executable, str(main), *flags], work / "system", out / "pfllib.log")
-        self.args, self.seeds = args, int(args["times"])
+        self.args, self.seeds, self.offset = args, int(args["times"]), offset
 
     def accuracies(self) -> Optional[list[dict[int, float]]]:
         """Per seed, round → accuracy (%); None unless the log is a finished run of these arguments."""
@@ -270,7 +273,9 @@ class PfllibSide(Side):
         text = self.log.read_text(errors="replace")
         echoed, runs = read_pfllib_log(text)
         finished = "All done!" in text and len(runs) == self.seeds
-        return runs if finished and _same(echoed, self.args) else None
+        if not finished or not _same(echoed, self.args):
+            return None
+        return [{r + self.offset: accuracy for r, accuracy in run.items()} for run in runs]
 
 
 class PlflSide(Side):
@@ -372,6 +377,7 @@ def run(args: argparse.Namespace) -> int:
             args.dataset,
             pfllib_args(cfg, pairing, args.dataset, _clients(args.data), args.seeds),
             out,
+            pairing.round_offset,
         ),
     ]
     _run_missing(sides)

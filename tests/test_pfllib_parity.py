@@ -131,6 +131,8 @@ def test_a_changed_setting_reruns_the_pfllib_side(tmp_path, fake_pfllib):
         "mu = 1.0\ntimes = 1\n\nRunning time: 0th\nRound number: 0\nAveraged Test Accuracy: 0.5\nAll done!\n"
     )
     assert side.accuracies() == [{0: 50.0}]
+    side.offset = 1  # FedPHP: PFLlib evaluates after local training, so its round r is plfl's r + 1
+    assert side.accuracies() == [{1: 50.0}]
     log.write_text(log.read_text().replace("mu = 1.0", "mu = 0.0"))
     assert side.accuracies() is None
     assert (
@@ -142,7 +144,8 @@ def test_reads_pfllib_log_per_run():
     text = (
         "algorithm = FedAvg\ntimes = 2\n==\n\n============= Running time: 0th =============\n"
         "-------------Round number: 0-------------\nAveraged Test Accuracy: 0.0588\n"
-        "-------------Round number: 1-------------\nAveraged Test Accuracy: 0.9100\n"
+        "-------------Round number: 1-------------\nAveraged Test Accuracy: 0.8000\n"
+        "Evaluate personalized models\nAveraged Test Accuracy: 0.9100\n"
         "============= Running time: 1th =============\n"
         "-------------Round number: 0-------------\nAveraged Test Accuracy: 0.1000\n"
     )

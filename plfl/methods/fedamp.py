@@ -18,7 +18,10 @@ defaults α_K = σ = λ = 1; only parameters are mixed and sent (buffers stay wi
 before any upload, every w_j is the initial model and so is u_i.
 
 Departures: PFLlib's current client adds λ/(2α_K)‖w − u_i‖ (the norm, not its square;
-its earlier versions squared it, as Eq. 8 does), plfl squares it. PFLlib mixes the last
+its earlier versions squared it, as Eq. 8 does), and builds it from detached copies
+(``.data``) of both models, so the term has no gradient: PFLlib's FedAMP clients train as its
+Local clients do, and their accuracy is Local's round for round (docs: fidelity, "Beside
+PFLlib"). plfl squares the norm and differentiates it, as Eq. 8. PFLlib mixes the last
 round's uploads only; plfl every client's latest (the same with join ratio 1). u_i is
 computed as w_i + Σ_{j≠i} ξ_{i,j} (w_j − w_i), equal to Eq. 6, so that identical models
 give u_i = w_i bit for bit. Nothing keeps ξ_{i,i} ≥ 0: with α_K / σ > 1 / (N − 1) and
