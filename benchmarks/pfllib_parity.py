@@ -36,6 +36,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -267,12 +268,12 @@ class PfllibSide(Side):
         self.args, self.seeds, self.offset = args, int(args["times"]), offset
 
     def accuracies(self) -> Optional[list[dict[int, float]]]:
-        """Per seed, round → accuracy (%); None unless the log is a finished run of these arguments."""
+        """Per seed, round → accuracy (%); None unless the log has every round of every seed of these arguments."""
         if not self.log.is_file():
             return None
-        text = self.log.read_text(errors="replace")
-        echoed, runs = read_pfllib_log(text)
-        finished = "All done!" in text and len(runs) == self.seeds
+        echoed, runs = read_pfllib_log(self.log.read_text(errors="replace"))
+        rounds = set(range(int(self.args["global_rounds"]) + 1))
+        finished = len(runs) == self.seeds and all(rounds <= run.keys() for run in runs)
         if not finished or not _same(echoed, self.args):
             return None
         return [{r + self.offset: accuracy for r, accuracy in run.items()} for run in runs]
@@ -392,8 +393,15 @@ def _run_missing(sides: list[Side]) -> None:
     threads = max(1, (os.cpu_count() or 2) // max(1, len(missing)))
     for side in missing:
         print(f"running: {' '.join(side.command)}\n  (log: {side.log})", flush=True)
-    for side, process in [(side, side.start(threads)) for side in missing]:
-        if process.wait() != 0 or side.accuracies() is None:
+    running = [(side, side.start(threads)) for side in missing]
+    while any(process.poll() is None for _, process in running):
+        for side, process in running:
+            # PFLlib trains once more after its last evaluation: stop it once every round is in.
+            if isinstance(side, PfllibSide) and process.poll() is None and side.accuracies() is not None:
+                process.terminate()
+        time.sleep(1)
+    for side, process in running:
+        if side.accuracies() is None:
             tail = "".join(side.log.read_text(errors="replace").splitlines(keepends=True)[-15:])
             raise PlflError(f"{side.log} did not finish (exit status {process.returncode}); its end:\n{tail}")
 

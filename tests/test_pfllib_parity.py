@@ -25,7 +25,7 @@ spec.loader.exec_module(parity)
 # "Averaged Test Accuracy" per round, "All done!". It fails as PFLlib would when the data is not at
 # ../dataset/NAME/{train,test}/{i}.npz, and keeps its argv so that tests can check the flags.
 FAKE_MAIN = """
-import json, sys
+import json, sys, time
 from pathlib import Path
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 here = Path(__file__).parent
@@ -45,7 +45,8 @@ for run in range(int(args["--times"])):
         print(f"\\n-------------Round number: {r}-------------")
         print("Averaged Train Loss: 2.3000")
         print(f"Averaged Test Accuracy: {accuracies[run][r]:.4f}")
-        print("Std Test Accuracy: 0.0100")
+        print("Std Test Accuracy: 0.0100", flush=True)
+time.sleep(60)  # PFLlib trains once more after its last evaluation
 print("All done!")
 """
 
@@ -106,6 +107,9 @@ def test_compares_with_pfllib_over_seeds_and_reuses_finished_sides(tmp_path, fak
     rows = list(csv.DictReader((out / "parity.csv").open()))
     assert [row["round"] for row in rows] == ["0", "1", "2"] and float(rows[2]["pfllib"]) == pytest.approx(65)
 
+    # PFLlib was stopped once its last round was in, before the training it does after it.
+    assert "Round number: 2" in (out / "pfllib.log").read_text() and "All done!" not in (out / "pfllib.log").read_text()
+
     # Run again with a tolerance the gap exceeds: nothing is rerun, the exit status is 1.
     runs_before = sorted(out.glob("plfl/seed*/*"))
     second = run_script(fake_pfllib, data, out, *args, "--tolerance", str(largest / 2))
@@ -125,10 +129,13 @@ def test_compares_with_pfllib_over_seeds_and_reuses_finished_sides(tmp_path, fak
 def test_a_changed_setting_reruns_the_pfllib_side(tmp_path, fake_pfllib):
     out = tmp_path / "out"
     log = out / "pfllib.log"
-    side = parity.PfllibSide(fake_pfllib, federation(tmp_path / "data", 2), "MNIST", {"times": "1", "mu": "1.0"}, out)
+    side = parity.PfllibSide(
+        fake_pfllib, federation(tmp_path / "data", 2), "MNIST", {"times": "1", "mu": "1.0", "global_rounds": "0"}, out
+    )
     assert side.accuracies() is None
     log.write_text(
-        "mu = 1.0\ntimes = 1\n\nRunning time: 0th\nRound number: 0\nAveraged Test Accuracy: 0.5\nAll done!\n"
+        "mu = 1.0\ntimes = 1\nglobal_rounds = 0\n\nRunning time: 0th\nRound number: 0\n"
+        "Averaged Test Accuracy: 0.5\nAll done!\n"
     )
     assert side.accuracies() == [{0: 50.0}]
     side.offset = 1  # FedPHP: PFLlib evaluates after local training, so its round r is plfl's r + 1
