@@ -1,19 +1,22 @@
-"""FedBN's evaluated models with the BatchNorm statistics each client kept, and with them re-estimated.
+"""FedBN's evaluated models with each client's own BatchNorm layers, re-estimated statistics and shared γ, β.
 
 Usage: python benchmarks/fedbn_statistics.py RUN_DIR [--round R]
 
 For a FedBN run (``method.name=fedbn``) with a checkpoint (``checkpoint_every`` > 0; a completed run keeps
 its last, ``keep_checkpoints`` more), reads round R's checkpoint (default: the newest) and evaluates every
-client's test split with two models:
+client's test split with three models:
 
 - ``evaluated``: the averaged weights under the client's own BatchNorm layers, what FedBN evaluates
   (Alg. 1) and reports as round r's ``accuracy``;
 - ``re-estimated``: the same, with the BatchNorm running mean and variance recomputed on the client's
-  training split under the averaged weights (a forward pass, no step).
+  training split under the averaged weights (a forward pass, no step);
+- ``shared γ, β``: as ``re-estimated``, with the BatchNorm layers' γ and β replaced by their mean over
+  the clients (weighted by training samples), as FedAvg would have them.
 
 Prints each as accuracy pooled over all test samples (%), as ``accuracy`` is, beside the run's own
-``accuracy`` of round R (which ``evaluated`` reproduces). If ``re-estimated`` is far
-above ``evaluated``, the statistics a client kept from its own weights do not fit the averaged ones.
+``accuracy`` of round R (which ``evaluated`` reproduces). What ``re-estimated`` gains over ``evaluated``
+is due to the statistics a client kept from its own weights; what ``shared γ, β`` gains over
+``re-estimated``, to the client's own γ and β under the averaged weights.
 """
 
 from __future__ import annotations
@@ -55,6 +58,18 @@ def reestimate(model: nn.Module, x: torch.Tensor) -> None:
             model(xb)
 
 
+def shared_affine(model: nn.Module, store: list[dict], samples: list[int]) -> dict[str, torch.Tensor]:
+    """The BatchNorm layers' γ and β (``weight``, ``bias``) averaged over the clients' models, by samples."""
+    keys = [
+        f"{name}.{p}"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        for p in ("weight", "bias")
+    ]
+    total = sum(samples)
+    return {k: sum(n * s["model"][k] for n, s in zip(samples, store)) / total for k in keys}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
@@ -84,12 +99,16 @@ def main() -> None:
         vocab_size=data.vocab_size,
         **OmegaConf.to_container(cfg.model),
     )
-    counts = {"evaluated": 0, "re-estimated": 0}
+    shared = shared_affine(model, state["store"], [len(c.y_train) for c in data.clients])
+    counts = {"evaluated": 0, "re-estimated": 0, "shared γ, β": 0}
     for client, stored in zip(data.clients, state["store"]):
         model.load_state_dict(stored["model"])  # the averaged weights under the client's BatchNorm layers
         counts["evaluated"] += correct(model, client.x_test, client.y_test)
         reestimate(model, client.x_train)
         counts["re-estimated"] += correct(model, client.x_test, client.y_test)
+        model.load_state_dict({**stored["model"], **shared})
+        reestimate(model, client.x_train)
+        counts["shared γ, β"] += correct(model, client.x_test, client.y_test)
     total = sum(len(c.y_test) for c in data.clients)
     print(f"{args.run_dir}, {path.name}: the run's accuracy {100 * reported[state['round']]:.2f} %")
     for name, count in counts.items():

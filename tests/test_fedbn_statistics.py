@@ -44,7 +44,7 @@ def test_evaluated_models_reproduce_the_runs_accuracy(fedbn_run):
         assert result.returncode == 0, result.stderr
         reported = re.search(r"the run's accuracy ([0-9.]+) %", result.stdout).group(1)
         assert f"evaluated: {reported} %" in result.stdout
-        assert re.search(r"re-estimated: [0-9.]+ %", result.stdout)
+        assert re.search(r"re-estimated: [0-9.]+ %\nshared γ, β: [0-9.]+ %", result.stdout)
 
 
 def test_a_missing_round_names_the_rounds_kept(fedbn_run):
