@@ -15,7 +15,7 @@ Both report the accuracy of each client's evaluated model on its own test split,
 samples (PFLlib's "Averaged Test Accuracy"), after r rounds, before the next local training. PFLlib's
 pFedMe evaluates its global model there, so plfl's ``global_accuracy`` is set beside it; PFLlib's FedPHP
 evaluates each client's model right after its local training, so its round r is set beside plfl's r + 1
-(the last accuracy PFLlib prints for a round is read: Ditto prints its global model's first). Seeds:
+(Ditto's server prints its global model's accuracy, then the personal models', which are compared). Seeds:
 plfl runs ``federation.seed`` 0..K−1; PFLlib fixes its seed and runs ``--times K`` in one process, each
 run continuing the random stream of the one before (so its first run is the same for every K).
 
@@ -71,6 +71,7 @@ class Pairing:
     note: str = ""
     column: str = "accuracy"  # plfl's metrics.csv column that measures what PFLlib's accuracy does
     round_offset: int = 0  # PFLlib's round r is plfl's round r + round_offset
+    evaluations: int = 1  # accuracies PFLlib prints per round; the last is compared
 
 
 def _half(epochs: int) -> int:
@@ -119,7 +120,12 @@ METHODS = {
         ("federation.local_epochs=2",),
         note="PFLlib's α and β are both the lr: method.alpha and method.beta null",
     ),
-    "ditto": Pairing("Ditto", (Flag("mu", "method.lam"), Flag("plocal_epochs", "method.personal_epochs"))),
+    "ditto": Pairing(
+        "Ditto",
+        (Flag("mu", "method.lam"), Flag("plocal_epochs", "method.personal_epochs")),
+        note="PFLlib prints its global model's accuracy, then the personal models'; the second is compared",
+        evaluations=2,
+    ),
     "pfedme": Pairing(
         "pFedMe",
         (
@@ -168,8 +174,8 @@ METHODS = {
 def mapping_table() -> str:
     """The Markdown table of every method's PFLlib flags, the plfl keys they come from and plfl's defaults."""
     lines = [
-        "| method | PFLlib `-algo` | PFLlib flag | plfl key | value | note |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| method | PFLlib `-algo` | PFLlib flag | plfl key | plfl value | PFLlib value | note |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, pairing in METHODS.items():
         cfg = load_config(ROOT / "configs" / f"{name}.yaml", list(pairing.overrides))
@@ -206,11 +212,12 @@ def pfllib_args(cfg: DictConfig, pairing: Pairing, dataset: str, num_clients: in
 ECHO = re.compile(r"^(\w+) = (.*)$")
 RUN = re.compile(r"Running time: (\d+)th")
 ROUND = re.compile(r"Round number: (\d+)")
-ACCURACY = re.compile(r"Averaged Test Accuracy: ([0-9.]+)")
+ACCURACY = re.compile(r"Average(?:d)? Test Accuracy: ([0-9.]+)")  # pFedMe's server says "Average"
 
 
-def read_pfllib_log(text: str) -> tuple[dict[str, str], list[dict[int, float]]]:
-    """PFLlib's echoed arguments and, per run (``--times``), round → Averaged Test Accuracy (%).
+def read_pfllib_log(text: str) -> tuple[dict[str, str], list[dict[int, list[float]]]]:
+    """PFLlib's echoed arguments and, per run (``--times``), round → the test accuracies (%) printed for it,
+    in order (Ditto's server prints its global model's, then the personalized models').
 
     Raises:
         PlflError: an accuracy line comes before any round or run line (not a PFLlib ``main.py`` log).
@@ -225,8 +232,8 @@ def read_pfllib_log(text: str) -> tuple[dict[str, str], list[dict[int, float]]]:
             current = int(m.group(1))
         elif m := ACCURACY.search(line):
             if not runs or current is None:
-                raise PlflError("an 'Averaged Test Accuracy' line before any round: this is not PFLlib's main.py log")
-            runs[-1][current] = 100 * float(m.group(1))
+                raise PlflError("a 'Test Accuracy' line before any round: this is not PFLlib's main.py log")
+            runs[-1].setdefault(current, []).append(100 * float(m.group(1)))
     return echoed, runs
 
 
@@ -254,7 +261,7 @@ class Side:
 
 
 class PfllibSide(Side):
-    def __init__(self, pfllib: Path, data: Path, dataset: str, args: dict[str, str], out: Path, offset: int = 0):
+    def __init__(self, pfllib: Path, data: Path, dataset: str, args: dict[str, str], out: Path, pairing: Pairing):
         main = pfllib / "system" / "main.py"
         if not main.is_file():
             raise PlflError(
@@ -265,18 +272,21 @@ class PfllibSide(Side):
         (work / "system").mkdir(parents=True, exist_ok=True)
         flags = [token for name, value in args.items() for token in (f"--{name}", value)]
         super().__init__([sys.executable, str(main), *flags], work / "system", out / "pfllib.log")
-        self.args, self.seeds, self.offset = args, int(args["times"]), offset
+        self.args, self.seeds = args, int(args["times"])
+        self.offset, self.evaluations = pairing.round_offset, pairing.evaluations
 
     def accuracies(self) -> Optional[list[dict[int, float]]]:
         """Per seed, round → accuracy (%); None unless the log has every round of every seed of these arguments."""
         if not self.log.is_file():
             return None
         echoed, runs = read_pfllib_log(self.log.read_text(errors="replace"))
-        rounds = set(range(int(self.args["global_rounds"]) + 1))
-        finished = len(runs) == self.seeds and all(rounds <= run.keys() for run in runs)
+        rounds = range(int(self.args["global_rounds"]) + 1)
+        finished = len(runs) == self.seeds and all(
+            len(run.get(r, ())) == self.evaluations for run in runs for r in rounds
+        )
         if not finished or not _same(echoed, self.args):
             return None
-        return [{r + self.offset: accuracy for r, accuracy in run.items()} for run in runs]
+        return [{r + self.offset: accuracies[-1] for r, accuracies in run.items()} for run in runs]
 
 
 class PlflSide(Side):
@@ -378,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
             args.dataset,
             pfllib_args(cfg, pairing, args.dataset, _clients(args.data), args.seeds),
             out,
-            pairing.round_offset,
+            pairing,
         ),
     ]
     _run_missing(sides)

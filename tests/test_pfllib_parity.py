@@ -44,6 +44,8 @@ for run in range(int(args["--times"])):
     for r in range(int(args["--global_rounds"]) + 1):
         print(f"\\n-------------Round number: {r}-------------")
         print("Averaged Train Loss: 2.3000")
+        if args["--algorithm"] == "Ditto":  # its global model first, then the personal models
+            print("Averaged Test Accuracy: 0.0100")
         print(f"Averaged Test Accuracy: {accuracies[run][r]:.4f}")
         print("Std Test Accuracy: 0.0100", flush=True)
 time.sleep(60)  # PFLlib trains once more after its last evaluation
@@ -130,7 +132,12 @@ def test_a_changed_setting_reruns_the_pfllib_side(tmp_path, fake_pfllib):
     out = tmp_path / "out"
     log = out / "pfllib.log"
     side = parity.PfllibSide(
-        fake_pfllib, federation(tmp_path / "data", 2), "MNIST", {"times": "1", "mu": "1.0", "global_rounds": "0"}, out
+        fake_pfllib,
+        federation(tmp_path / "data", 2),
+        "MNIST",
+        {"times": "1", "mu": "1.0", "global_rounds": "0"},
+        out,
+        parity.METHODS["fedavg"],
     )
     assert side.accuracies() is None
     log.write_text(
@@ -147,6 +154,19 @@ def test_a_changed_setting_reruns_the_pfllib_side(tmp_path, fake_pfllib):
     ).resolve() == tmp_path / "data" / "test" / "test1_.npz"
 
 
+def test_a_round_is_in_once_pfllib_printed_all_its_evaluations(tmp_path, fake_pfllib):
+    out = tmp_path / "out"
+    args = {"times": "1", "global_rounds": "1"}
+    side = parity.PfllibSide(fake_pfllib, federation(tmp_path / "data", 1), "MNIST", args, out, parity.METHODS["ditto"])
+    log = "times = 1\nglobal_rounds = 1\nRunning time: 0th\n"
+    for r, (global_model, personal) in enumerate([(0.1, 0.1), (0.5, 0.9)]):
+        log += f"Round number: {r}\nAveraged Test Accuracy: {global_model}\nAveraged Test Accuracy: {personal}\n"
+    (out / "pfllib.log").write_text(log.rsplit("Averaged", 1)[0])  # round 1's personal models not yet evaluated
+    assert side.accuracies() is None
+    (out / "pfllib.log").write_text(log)
+    assert side.accuracies() == [{0: 10.0, 1: 90.0}]
+
+
 def test_reads_pfllib_log_per_run():
     text = (
         "algorithm = FedAvg\ntimes = 2\n==\n\n============= Running time: 0th =============\n"
@@ -158,7 +178,8 @@ def test_reads_pfllib_log_per_run():
     )
     echoed, runs = parity.read_pfllib_log(text)
     assert echoed == {"algorithm": "FedAvg", "times": "2"}
-    assert runs == [{0: pytest.approx(5.88), 1: pytest.approx(91.0)}, {0: pytest.approx(10.0)}]
+    assert runs == [{0: [pytest.approx(5.88)], 1: [80.0, 91.0]}, {0: [10.0]}]
+    assert parity.read_pfllib_log("Running time: 0th\nRound number: 3\nAverage Test Accuracy: 0.25")[1] == [{3: [25.0]}]
     with pytest.raises(PlflError, match="not PFLlib's main.py log"):
         parity.read_pfllib_log("Averaged Test Accuracy: 0.5\n")
 
