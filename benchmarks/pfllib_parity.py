@@ -16,8 +16,9 @@ samples (PFLlib's "Averaged Test Accuracy"), after r rounds, before the next loc
 pFedMe evaluates its global model there, so plfl's ``global_accuracy`` is set beside it; PFLlib's FedPHP
 evaluates each client's model right after its local training, so its round r is set beside plfl's r + 1
 (Ditto's server prints its global model's accuracy, then the personal models', which are compared). Seeds:
-plfl runs ``federation.seed`` 0..K−1; PFLlib fixes its seed and runs ``--times K`` in one process, each
-run continuing the random stream of the one before (so its first run is the same for every K).
+plfl runs ``federation.seed`` 0..K−1; PFLlib runs ``--times K`` in one process. PFLlib seeds torch with 0
+(its first run starts from plfl's seed-0 CNN) but not NumPy, which orders its clients each round, so
+its batch orders and accuracies differ from run to run even for the same K.
 
 Prints a Markdown table: round, plfl and PFLlib in % (mean ± sample std over seeds), plfl − PFLlib in
 percentage points; then the largest |gap| from ``--from-round`` on (earlier rounds are dominated by each
