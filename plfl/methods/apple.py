@@ -21,7 +21,10 @@ Sources: the update rules, p_i^(0) and λ(r) at round r as in the authors' code 
 train_APPLE.py, utils/losses.py, utils/apple.py); η_c = ``federation.lr`` × N and the end of the
 cosine schedule, L = R = ``federation.rounds`` (``method.schedule_rounds`` sets another L), as in
 PFLlib's clientapple.py. Departures: PFLlib starts p_i at 1/N, lags λ by a round, and replaces
-⟨∇F, w_j^(c)⟩ by the mean over tensors of the element-wise mean of ∇F ⊙ w_j^(c); the authors' code
+⟨∇F, w_j^(c)⟩ by the mean over tensors of the element-wise mean of ∇F ⊙ w_j^(c); after a client's
+training it replaces the client's core by a copy of its personalized model (``self.model_c =
+copy.deepcopy(self.model)``; the restoring loop before it copies the core onto itself), so from the
+second round on the cores PFLlib shares are mixtures (docs: fidelity, "Beside PFLlib"); the authors' code
 uses SGD with momentum 0.9, and its term μ‖p_i − p_i^(0)‖² has no ½. Here both steps are plain
 gradient steps (``federation.momentum`` must be 0), without ``data.augment``. The
 paper's limited-bandwidth variant (M < N downloads chosen by p_i) is not implemented. BatchNorm
