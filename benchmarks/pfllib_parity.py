@@ -180,10 +180,9 @@ def mapping_table() -> str:
     ]
     for name, pairing in METHODS.items():
         cfg = load_config(ROOT / "configs" / f"{name}.yaml", list(pairing.overrides))
-        flags = pairing.flags
-        if not flags:
+        if not pairing.flags:
             lines.append(f"| {name} | {pairing.algorithm} | – | – | – | – | {pairing.note} |")
-        for i, flag in enumerate(flags):
+        for i, flag in enumerate(pairing.flags):
             value = OmegaConf.select(cfg, flag.key)
             note = "; ".join(n for n in (flag.note, pairing.note if i == 0 else "") if n)
             lines.append(
