@@ -16,9 +16,10 @@ samples (PFLlib's "Averaged Test Accuracy"), after r rounds, before the next loc
 pFedMe evaluates its global model there, so plfl's ``global_accuracy`` is set beside it; PFLlib's FedPHP
 evaluates each client's model right after its local training, so its round r is set beside plfl's r + 1
 (Ditto's server prints its global model's accuracy, then the personal models', which are compared). Seeds:
-plfl runs ``federation.seed`` 0..K−1; PFLlib runs ``--times K`` in one process. PFLlib seeds torch with 0
-(its first run starts from plfl's seed-0 CNN) but not NumPy, which orders its clients each round, so
-its batch orders and accuracies differ from run to run even for the same K.
+plfl runs ``federation.seed`` 0..K−1; PFLlib runs ``--times K`` in one process, or, when some of its runs
+are already in ``DIR``, only the missing ones in a new process (``pfllib-2.log``, …). PFLlib seeds torch
+with 0 when its process starts (each process's first run starts from plfl's seed-0 CNN) but not NumPy,
+which orders its clients each round, so its batch orders and accuracies differ from run to run.
 
 Prints a Markdown table: round, plfl and PFLlib in % (mean ± sample std over seeds), plfl − PFLlib in
 percentage points; then the largest |gap| from ``--from-round`` on (earlier rounds are dominated by each
@@ -212,6 +213,7 @@ def pfllib_args(cfg: DictConfig, pairing: Pairing, dataset: str, num_clients: in
 ECHO = re.compile(r"^(\w+) = (.*)$")
 RUN = re.compile(r"Running time: (\d+)th")
 ROUND = re.compile(r"Round number: (\d+)")
+LATER_LOG = re.compile(r"pfllib-(\d+)\.log")
 ACCURACY = re.compile(r"Average(?:d)? Test Accuracy: ([0-9.]+)")  # pFedMe's server says "Average"
 
 
@@ -270,23 +272,37 @@ class PfllibSide(Side):
         work = out / "pfllib"
         _link_dataset(data, work / "dataset" / dataset)
         (work / "system").mkdir(parents=True, exist_ok=True)
-        flags = [token for name, value in args.items() for token in (f"--{name}", value)]
-        super().__init__([sys.executable, str(main), *flags], work / "system", out / "pfllib.log")
-        self.args, self.seeds = args, int(args["times"])
+        self.out, self.seeds = out, int(args["times"])
+        self.settings = {name: value for name, value in args.items() if name != "times"}
         self.offset, self.evaluations = pairing.round_offset, pairing.evaluations
+        # Only the runs still missing are started, in a process of their own with a log of its own.
+        missing = {**args, "times": str(max(1, self.seeds - len(self._finished_runs())))}
+        flags = [token for name, value in missing.items() for token in (f"--{name}", value)]
+        logs = self._logs()
+        log = out / (f"pfllib-{len(logs) + 1}.log" if logs else "pfllib.log")
+        super().__init__([sys.executable, str(main), *flags], work / "system", log)
 
     def accuracies(self) -> Optional[list[dict[int, float]]]:
-        """Per seed, round → accuracy (%); None unless the log has every round of every seed of these arguments."""
-        if not self.log.is_file():
-            return None
-        echoed, runs = read_pfllib_log(self.log.read_text(errors="replace"))
-        rounds = range(int(self.args["global_rounds"]) + 1)
-        finished = len(runs) == self.seeds and all(
-            len(run.get(r, ())) == self.evaluations for run in runs for r in rounds
-        )
-        if not finished or not _same(echoed, self.args):
+        """Per seed, round → accuracy (%); None unless the logs hold that many finished runs of these settings."""
+        runs = self._finished_runs()[: self.seeds]
+        if len(runs) < self.seeds:
             return None
         return [{r + self.offset: accuracies[-1] for r, accuracies in run.items()} for run in runs]
+
+    def _logs(self) -> list[Path]:
+        """``pfllib.log``, then ``pfllib-2.log``, … (one per PFLlib process), those that exist."""
+        numbered = {int(m.group(1)): log for log in self.out.iterdir() if (m := LATER_LOG.fullmatch(log.name))}
+        return [log for log in [self.out / "pfllib.log", *map(numbered.get, sorted(numbered))] if log.is_file()]
+
+    def _finished_runs(self) -> list[dict[int, list[float]]]:
+        """The runs, log by log, that printed every round and were run with these settings."""
+        rounds = range(int(self.settings["global_rounds"]) + 1)
+        runs = []
+        for log in self._logs():
+            echoed, log_runs = read_pfllib_log(log.read_text(errors="replace"))
+            if _same(echoed, self.settings):
+                runs += [run for run in log_runs if all(len(run.get(r, ())) == self.evaluations for r in rounds)]
+        return runs
 
 
 class PlflSide(Side):

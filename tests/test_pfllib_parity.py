@@ -120,12 +120,14 @@ def test_compares_with_pfllib_over_seeds_and_reuses_finished_sides(tmp_path, fak
     assert len((fake_pfllib / "system" / "argv.jsonl").read_text().splitlines()) == 1
     assert sorted(out.glob("plfl/seed*/*")) == runs_before
 
-    # A third seed: plfl runs only the new seed; PFLlib's seeds come from one process, so all three run.
+    # A third seed: each side runs only the new one; PFLlib's, in a new process, is that process's first run.
     third = run_script(fake_pfllib, data, out, *args[:-4], "--seeds", "3", "--from-round", "1", "--tolerance", "100")
     assert third.returncode == 0, third.stdout + third.stderr
     assert sorted(out.glob("plfl/seed[01]/*")) == runs_before and len(list(out.glob("plfl/seed2/*"))) == 1
     argv = json.loads((fake_pfllib / "system" / "argv.jsonl").read_text().splitlines()[1])
-    assert dict(zip(argv[::2], argv[1::2]))["--times"] == "3"
+    assert dict(zip(argv[::2], argv[1::2]))["--times"] == "1"
+    assert "Running time: 0th" in (out / "pfllib-2.log").read_text()
+    assert float(list(csv.DictReader((out / "parity.csv").open()))[2]["pfllib"]) == pytest.approx((60 + 70 + 60) / 3)
 
 
 def test_a_changed_setting_reruns_the_pfllib_side(tmp_path, fake_pfllib):
