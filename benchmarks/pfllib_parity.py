@@ -279,7 +279,8 @@ class PfllibSide(Side):
         missing = {**args, "times": str(max(1, self.seeds - len(self._finished_runs())))}
         flags = [token for name, value in missing.items() for token in (f"--{name}", value)]
         logs = self._logs()
-        log = out / (f"pfllib-{len(logs) + 1}.log" if logs else "pfllib.log")
+        last = max((int(m.group(1)) for log in logs if (m := LATER_LOG.fullmatch(log.name))), default=1)
+        log = out / (f"pfllib-{last + 1}.log" if logs else "pfllib.log")
         super().__init__([sys.executable, str(main), *flags], work / "system", log)
 
     def accuracies(self) -> Optional[list[dict[int, float]]]:

@@ -154,6 +154,11 @@ def test_a_changed_setting_reruns_the_pfllib_side(tmp_path, fake_pfllib):
     assert (
         out / "pfllib" / "dataset" / "MNIST" / "test" / "1.npz"
     ).resolve() == tmp_path / "data" / "test" / "test1_.npz"
+    # A new process's log never overwrites a kept one, even with an earlier one deleted.
+    (out / "pfllib-3.log").write_text("")
+    args = {"times": "1", "mu": "1.0", "global_rounds": "0"}
+    again = parity.PfllibSide(fake_pfllib, tmp_path / "data", "MNIST", args, out, parity.METHODS["fedavg"])
+    assert again.log == out / "pfllib-4.log"
 
 
 def test_a_round_is_in_once_pfllib_printed_all_its_evaluations(tmp_path, fake_pfllib):
