@@ -40,11 +40,11 @@ from plfl.config import load_config
 from plfl.data import load_federated_data
 from plfl.executors import build_executor
 from plfl.federation import FederationLoop
-from plfl.methods import method_class
+from plfl.methods import build_method
 from plfl.methods.base import FederationContext
 from plfl.methods.fedavg import weighted_average
 from plfl.models import build_model
-from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,7 +79,7 @@ def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
         return plain_rounds(model.to(args.device), data, initial, federation, args.rounds, args.device)
     config = OmegaConf.to_object(cfg)
     context = FederationContext(data, ClientStateStore(len(data.clients)), config, model)
-    method = method_class(config.method.name)(config.method, context, initial)
+    method = build_method(config.method, context, initial)
     executor = build_executor(config, data, model)
     run = RunInfo(cfg, Path("."), len(data.clients), sum(p.numel() for p in model.parameters()))
     loop = FederationLoop(method, context, executor, [], run)
@@ -98,7 +98,7 @@ def plain_rounds(model, data, params, federation, rounds: int, device: str) -> l
             model.load_state_dict(params)
             optimizer = torch.optim.SGD(model.parameters(), lr=federation.lr, momentum=federation.momentum)
             for xb, yb in batch_loader(
-                x, y, federation.batch_size, derive_seed(federation.seed, round_, i, LOCAL_TRAINING)
+                x, y, federation.batch_size, derive_seed(federation.seed, round_, i, "local_training")
             ):
                 optimizer.zero_grad()
                 F.cross_entropy(model(xb), yb).backward()

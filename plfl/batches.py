@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from plfl.seeding import SHUFFLING, derive_seed
+from plfl.seeding import derive_seed
 
 EVAL_BATCH_SIZE = 1000  # samples per evaluation batch
 
@@ -54,7 +54,7 @@ def epoch_size(n: int, batch_size: int, min_last: int) -> int:
 def epoch_order(n: int, seed: int, local_epoch: int) -> torch.Tensor:
     """The (n,) int64 permutation of 0..n-1 that a training seeded ``seed`` visits in its epoch ``local_epoch``
     (0 first)."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, local_epoch, 0, SHUFFLING)))
+    return torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, local_epoch, 0, "shuffling")))
 
 
 def padded_rows(indices: torch.Tensor, width: int) -> torch.Tensor:

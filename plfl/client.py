@@ -23,7 +23,7 @@ from torch import nn
 from plfl.activity import current as activity
 from plfl.batches import EVAL_BATCH_SIZE, batch_loader, has_batch_norm, smallest_batch
 from plfl.models import channels_last
-from plfl.seeding import AUGMENTATION, derive_seed
+from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import EvalResult, ProximalTerm, TrainResult
 
@@ -210,7 +210,7 @@ class LocalTrainer:
         )
         self.module.proximal = proximal
         # Seeded per fit, not once per run: a fit's draws depend only on its seed (and so survive a resume).
-        self.module.generator.manual_seed(derive_seed(seed, 0, 0, AUGMENTATION))
+        self.module.generator.manual_seed(derive_seed(seed, 0, 0, "augmentation"))
         try:
             with quiet_lightning():
                 self.trainer.fit(self.module, train_dataloaders=loader)

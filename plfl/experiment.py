@@ -17,7 +17,7 @@ from plfl.data import load_federated_data
 from plfl.errors import PlflError
 from plfl.executors import build_executor
 from plfl.federation import FederationLoop
-from plfl.methods import method_class
+from plfl.methods import build_method
 from plfl.methods.base import FederationContext
 from plfl.models import build_model
 from plfl.state import ClientStateStore
@@ -62,7 +62,7 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
     )
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     context = FederationContext(data, ClientStateStore(len(data.clients)), config, model)
-    method = method_class(config.method.name)(config.method, context, initial_params)
+    method = build_method(config.method, context, initial_params)
     executor = build_executor(config, data, model)
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or new_run_dir(Path(cfg.output_dir) / cfg.name)

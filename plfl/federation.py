@@ -33,13 +33,13 @@ from typing import Any, Optional
 from plfl.activity import current as activity
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
 from plfl.errors import FederationError, PlflError, PlflWarning
-from plfl.executors import Executor, drive, resolved
+from plfl.executors.base import Executor, drive
 from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics
 from plfl.seeding import clients_per_round, global_rng_state, sample_clients, set_global_rng_state
 from plfl.state import Params
 from plfl.stopping import Stopped, deferred
-from plfl.tasks import ClientFailure, EvalTask, TrainResult, Trains, checked, non_finite
+from plfl.tasks import ClientFailure, EvalTask, TrainResult, Work, finite_or_failure, non_finite, resolved
 
 CHECKPOINT_FORMAT = 2
 
@@ -136,7 +136,7 @@ class FederationLoop:
         messages, failed, loss_sum, samples = {}, [], 0.0, 0
         outcomes = drive([self._client_update(client_id, round_) for client_id in sampled], self.executor)
         for client_id, result in zip(sampled, outcomes):
-            result = result if isinstance(result, ClientFailure) else checked(result)
+            result = result if isinstance(result, ClientFailure) else finite_or_failure(result)
             if isinstance(result, ClientFailure):
                 failed.append({"round": round_, "client": client_id, "reason": result.reason})
                 continue
@@ -162,7 +162,7 @@ class FederationLoop:
             "bytes_received": sum(nbytes(m) for m in messages.values()),
         }
 
-    def _client_update(self, client_id: int, round_: int) -> Trains[TrainResult]:
+    def _client_update(self, client_id: int, round_: int) -> Work[TrainResult]:
         """The client's local training (from its model and the message it received) and post-training step,
         as one hook for :func:`drive`."""
         method = self.method

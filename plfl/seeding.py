@@ -10,35 +10,53 @@ next; the global RNGs are captured in checkpoints all the same
 
 from __future__ import annotations
 
+import hashlib
 import random
 from typing import Any
 
 import numpy as np
 import torch
 
-# One stream per kind of randomness, so that e.g. adding ALA does not shift the sampling.
-SAMPLING, LOCAL_TRAINING, ALA_SUBSET, POST_TRAINING, HYPERNETWORK_INIT, SHUFFLING = range(6)
-# Second trainings of a client in a round: fine-tuning the received model (FedAvg-C), a personal
-# model beside the global one (Ditto, pFedMe), adaptation before evaluation (Per-FedAvg), head
-# epochs before body epochs (FedRep).
-FINE_TUNING, PERSONAL_TRAINING, ADAPTATION, HEAD_TRAINING = range(6, 10)
-# Per-sample data augmentation within one training (drawn from that training's seed).
-AUGMENTATION = 10
-# A validation split held out of a client's training split once per run (FedFomo).
-VALIDATION_SPLIT = 11
-# PartialFed-Adaptive's Gumbel noise and held-back samples of one participation.
-PARTIAL_STRATEGY = 12
+# The streams numbered before streams were named, in the order of their numbers (0, 1, ...): a stream of this
+# list keeps its number, and so every run keeps its draws. Any other name is a stream of its own
+# (:func:`stream_number`); a method names its streams where it draws from them.
+NUMBERED_STREAMS = (
+    "sampling",
+    "local_training",
+    "ala_subset",
+    "post_training",
+    "hypernetwork_init",
+    "shuffling",
+    "fine_tuning",
+    "personal_training",
+    "adaptation",
+    "head_training",
+    "augmentation",
+    "validation_split",
+    "partial_strategy",
+)
 
 
-def derive_seed(seed: int, round_: int, client_id: int, stream: int) -> int:
-    """A 63-bit seed for ``stream`` of ``client_id`` in ``round_`` of a run seeded with ``seed``."""
-    state = np.random.SeedSequence([seed, round_, client_id + 1, stream]).generate_state(2, np.uint32)
+def stream_number(stream: str) -> int:
+    """The number of the random stream named ``stream``: its place in :data:`NUMBERED_STREAMS`, else 2^63 plus
+    the first 63 bits of the name's SHA-256 (never one of the numbered ones)."""
+    if stream in NUMBERED_STREAMS:
+        return NUMBERED_STREAMS.index(stream)
+    digest = int.from_bytes(hashlib.sha256(stream.encode()).digest()[:8], "big")
+    return 1 << 63 | digest >> 1
+
+
+def derive_seed(seed: int, round_: int, client_id: int, stream: str) -> int:
+    """A 63-bit seed for the random stream named ``stream`` (e.g. ``"local_training"``, ``"ala_subset"``) of
+    ``client_id`` in ``round_`` of a run seeded with ``seed``: streams are independent of each other and of the
+    order in which they are drawn, so that e.g. adding ALA does not shift the client sampling."""
+    state = np.random.SeedSequence([seed, round_, client_id + 1, stream_number(stream)]).generate_state(2, np.uint32)
     return int(state[0]) << 31 ^ int(state[1])
 
 
 def sample_clients(seed: int, round_: int, num_clients: int, join_ratio: float) -> list[int]:
     """The ids of the :func:`clients_per_round` clients that train in ``round_``, sorted."""
-    rng = np.random.default_rng(derive_seed(seed, round_, -1, SAMPLING))
+    rng = np.random.default_rng(derive_seed(seed, round_, -1, "sampling"))
     return sorted(rng.choice(num_clients, size=clients_per_round(num_clients, join_ratio), replace=False).tolist())
 
 

@@ -8,12 +8,13 @@ worker) runs it the same way. Three kinds:
 - :class:`TrainTask`: local training of the model with SGD on the cross-entropy (Lightning's loop on
   the sequential executor), optionally with a proximal term or part of the parameters frozen;
 - :class:`StepTask`: a method's own update, one :class:`Step` per mini-batch of the one batch order
-  (:mod:`plfl.batches`): ALA's weight learning, pFedMe's bi-level steps, APPLE's mixture, ...;
+  (:mod:`plfl.batches`) or of given samples in a given order: ALA's weight learning, pFedMe's bi-level
+  steps, APPLE's mixture, ...;
 - :class:`EvalTask`: accuracy and loss of a model on a client's test split, or on part of its
   training split.
 
 A hook that needs client work is a generator: ``result = yield task`` (or ``results = yield [task,
-...]``) hands tasks to the loop and receives their results (:data:`Trains`).
+...]``) hands tasks to the loop and receives their results (:data:`Work`).
 """
 
 from __future__ import annotations
@@ -29,22 +30,28 @@ from plfl.state import Params
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class ProximalTerm:
-    """μ/2 · Σ ‖θ − anchor‖² over the trainable parameters, added to the local loss.
+def proximal_penalty(params: Params, anchor: Params, mu: float) -> torch.Tensor:
+    """μ/2 · Σ_k ‖params[k] − anchor[k]‖² over the keys of ``params``: a 0-dim tensor.
 
     FedProx's proximal term (Li et al., MLSys 2020, Eq. 2) with ``anchor`` the received global
     model; Ditto's personal objective (Li et al., ICML 2021, Eq. 2) with μ = λ. Its gradient
-    adds μ(θ − anchor) to the cross-entropy's.
+    adds μ(θ − anchor) to the cross-entropy's. Lightning's training loop and the vectorized
+    executor's step both add this term.
     """
+    return mu / 2 * torch.stack([(p - anchor[k]).pow(2).sum() for k, p in params.items()]).sum()
+
+
+@dataclass(frozen=True)
+class ProximalTerm:
+    """:func:`proximal_penalty` of the trainable parameters at ``anchor``, added to the local loss."""
 
     anchor: Params  # state_dict names → tensors; only the model's parameters are used
     mu: float  # μ ≥ 0
 
     def penalty(self, model: nn.Module) -> torch.Tensor:
         """The scalar term for ``model``'s current parameters (frozen parameters count 0)."""
-        terms = [(p - self.anchor[name]).pow(2).sum() for name, p in model.named_parameters() if p.requires_grad]
-        return self.mu / 2 * torch.stack(terms).sum()
+        trainable = {name: p for name, p in model.named_parameters() if p.requires_grad}
+        return proximal_penalty(trainable, self.anchor, self.mu)
 
     def to(self, device: torch.device) -> ProximalTerm:
         return ProximalTerm({k: v.to(device) for k, v in self.anchor.items()}, self.mu)
@@ -115,11 +122,6 @@ class Step:
     count: a loss over a batch is a mean over the samples where ``batch.mask`` is 1 (:func:`masked_mean`).
     Gradients come from ``torch.func.grad`` inside the step.
 
-    ``prepare(network, shared, x, mask)`` maps a batch's inputs before the step sees them, from
-    ``shared`` alone and per sample (apart from BatchNorm's batch statistics); when a task's batches are
-    the same every epoch (:attr:`StepTask.sample`) it runs once per batch, not once per epoch (ALA's
-    features of a fixed body).
-
     Subclasses are frozen dataclasses of their hyperparameters (equal steps train in one cohort) defined at
     a module's top level (the Ray executor ships them by reference); ``work`` names them in a failed
     client's reason.
@@ -130,30 +132,19 @@ class Step:
     def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
         raise NotImplementedError
 
-    def prepare(self, network: Network, shared: Params, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        return x
-
-
-class StopRule(Protocol):
-    """Whether a :class:`StepTask` ends before its ``epochs`` run out, given each epoch's last batch loss so far
-    (a frozen dataclass at a module's top level, like :class:`Step`)."""
-
-    def __call__(self, epoch_losses: list[float]) -> bool: ...
-
 
 @dataclass(frozen=True, eq=False)
 class StepTask:
     """Client ``client_id`` runs ``step`` on its training batches: ``state`` through every batch in turn.
 
     The batches are the one batch order of ``batch_size`` (:func:`plfl.batches.training_rows`, drawn from
-    ``seed``) for ``epochs`` epochs or ``steps`` batches, or, with ``sample``, those training samples in
-    their order, cut into the same batches every epoch. With ``stop``, ``epochs`` is a cap: the task ends
-    after the first epoch for which ``stop(epoch_losses)`` holds. A last batch too short for the model
-    (BatchNorm) or for each of the step's ``sub_batches`` is left out (:func:`plfl.batches.last_batch_minimum`).
+    ``seed``) for ``epochs`` epochs or ``steps`` batches, or, with ``ordered_samples``, those training samples
+    in their order, cut into the same batches every epoch. A last batch shorter than ``min_last_batch`` samples,
+    or than the model needs (two with BatchNorm), is left out (:func:`plfl.batches.epoch_size`).
 
     Raises:
-        ValueError: not exactly one of ``epochs`` and ``steps``, one below 1, or ``stop`` or ``sample`` with
-            ``steps``.
+        ValueError: not exactly one of ``epochs`` and ``steps``, one below 1, ``ordered_samples`` with
+            ``steps``, or ``min_last_batch`` below 1.
     """
 
     client_id: int
@@ -164,17 +155,24 @@ class StepTask:
     epochs: Optional[int] = None
     steps: Optional[int] = None
     inputs: Params = field(default_factory=dict)  # the client's own fixed tensors
-    # Fixed tensors common to many clients: tasks that hold the very same dict share one copy in the
+    # Fixed tensors common to many clients: tasks that hold the very same tensors share one copy in the
     # vectorized executor (the round's global model, all clients' core models).
     shared: Params = field(default_factory=dict)
-    stop: Optional[StopRule] = None
-    sample: Optional[torch.Tensor] = None  # (m,) int64 indices into the training split, batched in this order
-    sub_batches: int = 1
+    ordered_samples: Optional[torch.Tensor] = None  # (m,) int64 indices into the training split, batched in order
+    min_last_batch: int = 1  # e.g. a step that splits its batch into parts needs a sample in each
 
     def __post_init__(self) -> None:
         _check_length(self, self.epochs, self.steps)
-        if self.steps is not None and (self.stop is not None or self.sample is not None):
-            raise ValueError("a StepTask with a stop rule or a fixed sample counts epochs, not steps")
+        if self.steps is not None and self.ordered_samples is not None:
+            raise ValueError("a StepTask with ordered samples counts epochs, not steps")
+        if self.min_last_batch < 1:
+            raise ValueError(f"a StepTask's min_last_batch must be >= 1; got {self.min_last_batch}")
+
+
+def shared_identity(task: StepTask) -> tuple:
+    """What identifies a step task's ``shared`` tensors: their names and the tensor objects. Tasks with equal
+    identities hold the very same tensors, which an executor keeps or sends once."""
+    return tuple((name, id(tensor)) for name, tensor in task.shared.items())
 
 
 @dataclass(frozen=True, eq=False)
@@ -213,10 +211,6 @@ class StepResult:
     samples_seen: int
     epoch_losses: list[float]
 
-    @property
-    def epochs(self) -> int:
-        return len(self.epoch_losses)
-
 
 @dataclass
 class EvalResult:
@@ -241,7 +235,15 @@ class ClientFailure:
 
 # A hook that needs client work: it yields a task (or a list of tasks), receives its result (their
 # results, in order), and returns its own value.
-Trains = Generator[Union[Task, list[Task]], object, T]
+Work = Generator[Union[Task, list[Task]], object, T]
+
+
+def resolved(value: Work[T] | T) -> Work[T]:
+    """A hook's return value as a generator: a working hook's own, or one that returns a plain hook's value
+    (so that ``yield from resolved(hook(...))`` runs either)."""
+    if isinstance(value, Generator):
+        return (yield from value)
+    return value
 
 
 def masked_mean(values: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -266,7 +268,7 @@ def raised(error: Exception, work: str = "local training") -> ClientFailure:
     return ClientFailure(f"{work} raised {type(error).__name__}: {error}")
 
 
-def checked(result: T, params: Optional[Params] = None) -> T | ClientFailure:
+def finite_or_failure(result: T, params: Optional[Params] = None) -> T | ClientFailure:
     """``result``, or a failure when its parameters (``params``, default ``result.params``) hold NaN or Inf."""
     bad = non_finite(result.params if params is None else params)
     if bad is None:

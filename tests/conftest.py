@@ -13,12 +13,12 @@ from torch import nn
 from plfl.callbacks import RunInfo
 from plfl.config import ExperimentConfig, FederationConfig, validate
 from plfl.data import ClientData, FederatedData
-from plfl.executors import Executor, SequentialExecutor, drive, resolved
+from plfl.executors import Executor, SequentialExecutor, drive
 from plfl.federation import FederationLoop
 from plfl.methods.base import FederationContext
 from plfl.models import build_model
 from plfl.state import ClientStateStore
-from plfl.tasks import ClientFailure
+from plfl.tasks import ClientFailure, resolved
 
 ROOT = Path(__file__).resolve().parents[1]
 FEDALA_MNIST = ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1"

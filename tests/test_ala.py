@@ -10,10 +10,10 @@ from torch import nn
 
 from plfl.data import ClientData, FederatedData
 from plfl.errors import PlflWarning
-from plfl.executors import resolved
-from plfl.methods import method_class, methods, takes_ala
+from plfl.methods import build_method, method_class, methods, takes_ala
 from plfl.methods.ala import ALAConfig, local_aggregation
 from plfl.models import BodyHeadModel
+from plfl.tasks import resolved
 
 from conftest import make_context, run_hook
 
@@ -118,8 +118,8 @@ def test_ala_changes_the_local_initialisation_and_nothing_else(tiny_federation, 
     def make(ala):
         torch.manual_seed(0)  # the same initial model for both
         context, model = make_context(tiny_federation)
-        cls = method_class(name)
-        return cls(cls.config_class(ala=ala), context, {k: v.clone() for k, v in model.state_dict().items()})
+        config = method_class(name).config_class(name=name, ala=ala)
+        return build_method(config, context, {k: v.clone() for k, v in model.state_dict().items()})
 
     # All 4 tensors of the MLP (a method may keep its head local, e.g. PartialFed); a huge threshold: the initial
     # stage settles at once.

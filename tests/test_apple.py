@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plfl.executors.steps import PlainNetwork
+from plfl.executors.steps import FunctionalNetwork
 from plfl.experiment import run_experiment
 from plfl.methods.apple import APPLE, RELATIONSHIPS, APPLEConfig, APPLEStep, proximal_weight
 from plfl.methods.base import nbytes, numel
@@ -32,7 +32,13 @@ def test_step_takes_the_hand_computed_gradients_on_a_linear_model():
     # The shared cores' row i is replaced by the state's own core: a stale row i must not count.
     shared = {k: v.index_fill(0, torch.tensor([i]), 7.0) for k, v in cores.items()}
     inputs = {"own_index": F.one_hot(torch.tensor(i), n).float(), "p0": p0}
-    out = step(PlainNetwork(nn.Linear(3, 2)), {**own, RELATIONSHIPS: p}, inputs, shared, Batch(x, y, None))
+    out = step(
+        FunctionalNetwork(nn.Linear(3, 2), torch.device("cpu")),
+        {**own, RELATIONSHIPS: p},
+        inputs,
+        shared,
+        Batch(x, y, None),
+    )
     new_own, new_p, loss = {k: out.state[k] for k in own}, out.state[RELATIONSHIPS], out.loss.item()
     assert out.samples == batch
 

@@ -9,7 +9,7 @@ from plfl.checkpoint import load_latest_checkpoint
 from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
 from plfl.methods.ditto import Ditto, DittoConfig
-from plfl.seeding import LOCAL_TRAINING, PERSONAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 
 from conftest import last_metrics, make_context, run_hook, run_loop, sequential
 
@@ -29,7 +29,7 @@ def test_personal_step_adds_lambda_pull_and_upload_is_fedavgs_global_copy(tiny_f
     # Independent SGD on CE(v) + λ/2‖v − w‖²: v ← v − lr (∇CE(v) + λ (v − w)), same batch order.
     data = tiny_federation.clients[client]
     expected = {k: t.clone().requires_grad_() for k, t in v.items()}
-    for x, y in batch_loader(data.x_train, data.y_train, 5, derive_seed(0, 2, client, PERSONAL_TRAINING)):
+    for x, y in batch_loader(data.x_train, data.y_train, 5, derive_seed(0, 2, client, "personal_training")):
         loss = F.cross_entropy(functional_call(context.architecture, expected, (x,)), y)
         grads = torch.autograd.grad(loss, list(expected.values()))
         with torch.no_grad():
@@ -41,7 +41,7 @@ def test_personal_step_adds_lambda_pull_and_upload_is_fedavgs_global_copy(tiny_f
 
     # The upload is FedAvg's local training from w (the received global), bit for bit.
     fedavg = sequential(context).trainer.train(
-        w, data.x_train, data.y_train, seed=derive_seed(0, 2, client, LOCAL_TRAINING), epochs=1
+        w, data.x_train, data.y_train, seed=derive_seed(0, 2, client, "local_training"), epochs=1
     )
     assert all(torch.equal(result.upload[k], t) for k, t in fedavg.params.items())
     assert method.client_message(client, result, round_=2) is result.upload

@@ -17,7 +17,7 @@ from plfl.client import ClientModule
 from plfl.config import ExperimentConfig, FederationConfig, TrainerConfig
 from plfl.data import ClientData, FederatedData
 from plfl.errors import ConfigError, PlflWarning
-from plfl.executors import VectorizedExecutor, build_executor
+from plfl.executors import VectorizedExecutor, build_executor, drive
 from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms
 from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
@@ -39,8 +39,9 @@ def vectorized(context, cohort_size=None, augment=False) -> VectorizedExecutor:
 
 
 def ala_tasks(context, config, messages, locals_, weights=None) -> list[StepTask]:
-    """The ALA step task of each client i (``messages[i]`` received, ``locals_[i]`` its old model, ``weights[i]``
-    its W_i or None for the initial stage), as plfl.methods.ala.local_aggregation yields it in round 1."""
+    """The first ALA step task of each client i (``messages[i]`` received, ``locals_[i]`` its old model,
+    ``weights[i]`` its W_i or None for the initial stage), as plfl.methods.ala.local_aggregation yields it in
+    round 1."""
     tasks = []
     for i, (message, local) in enumerate(zip(messages, locals_)):
         if weights is not None and weights[i] is not None:
@@ -370,24 +371,29 @@ def test_vectorized_needs_a_device_it_knows(tiny_federation):
     "p, shared", [(2, True), (2, False), (3, True)], ids=["head-only", "head-only-separate-messages", "with-body"]
 )
 def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p, shared):
-    """Clients in and after the initial stage together, in 2 cohorts: the same W_i, models and epochs as one
-    client at a time (FedALA, Eq. 3–5), including clients that settle after different numbers of epochs; with
-    one global model object for all clients (the body's features in one call) or a copy each."""
-    context, model = make_context(tiny_federation)
-    torch.manual_seed(1)
-    states = [{k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()} for _ in range(4)]
+    """Clients in and after the initial stage together, their hooks lock-stepped an epoch at a time, in cohorts of
+    2: the same W_i, models and epochs as one client at a time (FedALA, Eq. 3–5), including clients that settle
+    after different numbers of epochs; with one global model for all clients (kept once) or a copy each."""
     config = ALAConfig(s=80, p=p, eta=2.0, threshold=0.02, num_pre_loss=2, max_init_epochs=6)
-    top = [name for name, _ in model.named_parameters()][-p:]
-    weights = [None, {k: torch.rand_like(states[1][k]) for k in top}, None, None]
-    tasks = ala_tasks(context, config, [states[0] if shared else dict(states[0]) for _ in range(4)], states, weights)
-    one_by_one = sequential(context).step(tasks)
-    together = vectorized(context, cohort_size=2).step(tasks)
-    assert [o.epochs for o in together] == [o.epochs for o in one_by_one]
-    assert one_by_one[1].epochs == 1 and len({o.epochs for o in one_by_one}) > 1  # the initial stages differ
-    for one, other in zip(one_by_one, together):
-        assert one.state.keys() == other.state.keys() == set(top)
-        for key in one.state:
-            torch.testing.assert_close(one.state[key], other.state[key], atol=1e-5, rtol=0)
+    outcomes = []
+    for kind in ("sequential", "vectorized"):
+        torch.manual_seed(1)
+        context, model = make_context(tiny_federation)
+        states = [{k: v + 0.3 * torch.randn_like(v) for k, v in model.state_dict().items()} for _ in range(4)]
+        top = [name for name, _ in model.named_parameters()][-p:]
+        context.store.set(1, "ala_weights", {k: torch.rand_like(states[1][k]) for k in top})
+        messages = [states[0] if shared else {k: v.clone() for k, v in states[0].items()} for _ in range(4)]
+        hooks = [local_aggregation(config, context, i, messages[i], states[i], round_=1) for i in range(4)]
+        executor = sequential(context) if kind == "sequential" else vectorized(context, cohort_size=2)
+        models = drive(hooks, executor)
+        weights = [context.store.get(i, "ala_weights") for i in range(4)]
+        outcomes.append((models, weights, [context.store.get(i, "ala_epochs") for i in range(4)]))
+    (models, weights, epochs), (models_v, weights_v, epochs_v) = outcomes
+    assert epochs_v == epochs and epochs[1] == 1 and len(set(epochs)) > 1  # the initial stages differ
+    for one, other in zip(weights + models, weights_v + models_v):
+        assert one.keys() == other.keys()
+        for key in one:
+            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
 
 
 def test_a_client_without_a_batch_takes_no_step_on_either_executor():
@@ -414,7 +420,7 @@ def test_a_client_without_a_batch_takes_no_step_on_either_executor():
     tasks = [next(method.local_train(i, start, start, 1)) for i in range(2)]
     for results in (sequential(context).step(tasks), vectorized(context).step(tasks)):
         idle, trained = results
-        assert idle.samples_seen == 0 and idle.epochs == 0 and math.isnan(idle.loss)
+        assert idle.samples_seen == 0 and idle.epoch_losses == [] and math.isnan(idle.loss)
         assert all(torch.equal(idle.state[k], v) for k, v in start.items())
         assert trained.samples_seen == 20  # 23 = 2 × 10 + a short rest of 3, left out
 

@@ -10,7 +10,7 @@ from plfl.config import load_config
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.methods.fedavg_c import FedAvgC, FedAvgCConfig, FedProxC, FedProxCConfig
-from plfl.seeding import FINE_TUNING, LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 from plfl.tasks import ProximalTerm
 
 from conftest import make_context, run_hook, sequential
@@ -31,7 +31,11 @@ def test_initialisation_is_the_received_model_fine_tuned(tiny_federation, cls, c
     for round_ in (0, 3):  # round 0's evaluation is of a fine-tuned model as well
         init = run_hook(context, method.pre_local_init(2, method.server_message(2, round_), round_))
         expected = sequential(context).trainer.train(
-            method.global_params, client.x_train, client.y_train, seed=derive_seed(5, round_, 2, FINE_TUNING), epochs=2
+            method.global_params,
+            client.x_train,
+            client.y_train,
+            seed=derive_seed(5, round_, 2, "fine_tuning"),
+            epochs=2,
         )
         assert equal(init, expected.params)
         assert not torch.equal(init["head.weight"], method.global_params["head.weight"])
@@ -55,7 +59,7 @@ def test_fedprox_c_trains_from_the_fine_tuned_model_anchored_at_the_received_one
                 client.x_train,
                 client.y_train,
                 epochs=1,
-                seed=derive_seed(5, 2, 1, LOCAL_TRAINING),
+                seed=derive_seed(5, 2, 1, "local_training"),
                 proximal=ProximalTerm(anchor, 0.5),
             )
             .params

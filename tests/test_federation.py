@@ -56,7 +56,7 @@ def test_ala_skipped_at_first_initialisation_then_runs(tiny_federation):
     context, model = make_context(tiny_federation, batch_size=5)
     global_params = {k: v.clone() for k, v in model.state_dict().items()}
     method = FedALA(FedALAConfig(max_init_epochs=3), context, global_params)
-    first = method.pre_local_init(0, global_params, round_=0)
+    first = run_hook(context, method.pre_local_init(0, global_params, round_=0))
     assert all(torch.equal(first[k], global_params[k]) for k in global_params)
     assert context.store.get(0, "ala_weights") is None  # nothing learned in round 0
     context.store.set(0, "model", {k: v + 0.5 for k, v in first.items()})

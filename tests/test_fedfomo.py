@@ -17,7 +17,7 @@ from plfl.methods.fedfomo import (
     fomo_weights,
     validation_split,
 )
-from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 
 from conftest import make_context, run_hook, sequential
 
@@ -68,7 +68,7 @@ def test_a_model_that_raises_the_validation_loss_gets_weight_zero(tiny_federatio
     torch.testing.assert_close(fomo_weights(scores), torch.tensor([1.0, 0.0, 0.0]))
     # So local training started from θ_0, on the training part only.
     expected = trainer.train(
-        better, data.x_train[train], data.y_train[train], seed=derive_seed(0, 1, 3, LOCAL_TRAINING), epochs=1
+        better, data.x_train[train], data.y_train[train], seed=derive_seed(0, 1, 3, "local_training"), epochs=1
     )
     for key, value in expected.params.items():
         torch.testing.assert_close(result.params[key], value)

@@ -14,7 +14,7 @@ from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
 from plfl.methods.fedphp import FedPHP, FedPHPConfig, inherit, inheritance_weight, mmd
 from plfl.models import build_model
-from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 
 from conftest import last_metrics, make_context, run_hook, run_loop, sequential
 
@@ -63,7 +63,7 @@ def test_client_loop_matches_an_independent_one(tiny_federation):
     local.load_state_dict(received)
     personal.load_state_dict(v)
     data = tiny_federation.clients[client]
-    for x, y in batch_loader(data.x_train, data.y_train, 5, derive_seed(0, round_, client, LOCAL_TRAINING)):
+    for x, y in batch_loader(data.x_train, data.y_train, 5, derive_seed(0, round_, client, "local_training")):
         features = local.body(x)
         loss = (1 - lam) * F.cross_entropy(local.head(features), y) + lam * mmd(features, personal.body(x).detach())
         grads = torch.autograd.grad(loss, list(local.parameters()))

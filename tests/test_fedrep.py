@@ -6,7 +6,7 @@ import torch
 from plfl.executors import SequentialExecutor
 from plfl.experiment import run_experiment
 from plfl.methods.fedrep import FedRep, FedRepConfig
-from plfl.seeding import HEAD_TRAINING, LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 
 from conftest import last_metrics, make_context, run_hook
 
@@ -31,8 +31,8 @@ def test_head_epochs_leave_body_bit_identical_and_body_epochs_leave_head_bit_ide
     executor.train = recorded
     result = run_hook(context, method.local_train(1, start, received, round_=1), executor)
     (head_task, head), (body_task, body) = calls
-    assert head_task.seed == derive_seed(0, 1, 1, HEAD_TRAINING)
-    assert body_task.seed == derive_seed(0, 1, 1, LOCAL_TRAINING)
+    assert head_task.seed == derive_seed(0, 1, 1, "head_training")
+    assert body_task.seed == derive_seed(0, 1, 1, "local_training")
     assert head_task.params is start and body_task.params is head.params and result.params is body.params
     for key, value in start.items():
         in_head = key.startswith("head.")

@@ -8,6 +8,7 @@ from torch import nn
 from plfl.data import ClientData, FederatedData
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
+from plfl.methods import build_method
 from plfl.methods.ala import ALAConfig
 from plfl.methods.partialfed import PREVIOUS, STRATEGY, PartialFed, PartialFedConfig, layer_keys, relaxed
 from plfl.models import BodyHeadModel, build_model
@@ -17,7 +18,9 @@ from conftest import last_metrics, make_context, run_hook, run_loop
 
 def make_method(data, model=None, **keys):
     context, model = make_context(data, model=model)
-    method = PartialFed(PartialFedConfig(**keys), context, {k: v.clone() for k, v in model.state_dict().items()})
+    method = build_method(
+        PartialFedConfig(name="partialfed", **keys), context, {k: v.clone() for k, v in model.state_dict().items()}
+    )
     return method, context
 
 
@@ -58,7 +61,7 @@ def test_fix_refuses_ala_that_would_only_touch_local_layers(tiny_federation):
     with pytest.raises(ConfigError, match=r"method.ala.p=2 lets ALA aggregate only tensors that method.local_layers"):
         make_method(tiny_federation, ala=ALAConfig(p=2))  # the MLP's top 2 tensors: the local head
     method, _ = make_method(tiny_federation, ala=ALAConfig(p=3))  # body.1.bias is loaded from the global model
-    assert method.ala.p == 3
+    assert isinstance(method, PartialFed) and method.ala.p == 3
 
 
 def test_keys_of_the_other_strategy_are_refused():

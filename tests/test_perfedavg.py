@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from plfl.batches import batch_loader
 from plfl.experiment import run_experiment
 from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig, hessian_vector_product, meta_gradient
-from plfl.seeding import ADAPTATION, LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 from plfl.tasks import Batch
 
 from conftest import make_context, run_hook
@@ -80,7 +80,7 @@ def test_local_train_is_pfllibs_fo_step_from_the_received_model(tiny_federation)
     # Client 1 holds 20 samples = one loader batch of 2B: one step on D = its first B samples, D′ the rest.
     method, model = make_method(tiny_federation, alpha=0.3, beta=0.2)
     client = tiny_federation.clients[1]
-    x, y = next(iter(batch_loader(client.x_train, client.y_train, 20, derive_seed(0, 1, 1, LOCAL_TRAINING))))
+    x, y = next(iter(batch_loader(client.x_train, client.y_train, 20, derive_seed(0, 1, 1, "local_training"))))
     # PFLlib's clientperavg.train: a step of α on D, the gradient on D′ at w̃, applied with β at w.
     reference = copy.deepcopy(model)
     reference.load_state_dict(method.global_params)
@@ -110,7 +110,7 @@ def test_hf_takes_one_step_per_three_batches_and_drops_the_short_rest(tiny_feder
 def test_evaluated_model_is_the_global_after_one_step_of_alpha(tiny_federation):
     method, model = make_method(tiny_federation, alpha=0.5)
     client = tiny_federation.clients[2]
-    x, y = next(iter(batch_loader(client.x_train, client.y_train, 10, derive_seed(0, 4, 2, ADAPTATION))))
+    x, y = next(iter(batch_loader(client.x_train, client.y_train, 10, derive_seed(0, 4, 2, "adaptation"))))
     reference = copy.deepcopy(model)
     reference.load_state_dict(method.global_params)
     sgd_step(reference, x, y, 0.5)

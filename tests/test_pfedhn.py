@@ -7,7 +7,7 @@ import torch
 
 from plfl.experiment import run_experiment
 from plfl.methods.pfedhn import PFedHN, PFedHNConfig
-from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 
 from conftest import last_metrics, make_context, run_hook, run_loop, sequential
 
@@ -31,7 +31,7 @@ def test_the_generated_model_is_what_each_client_evaluates_and_trains_from(tiny_
     result = run_hook(context, method.local_train(2, params, generated, round_=1))
     data = tiny_federation.clients[2]
     expected = sequential(context).trainer.train(
-        generated, data.x_train, data.y_train, seed=derive_seed(0, 1, 2, LOCAL_TRAINING), epochs=1
+        generated, data.x_train, data.y_train, seed=derive_seed(0, 1, 2, "local_training"), epochs=1
     )
     assert all(torch.equal(result.params[k], v) for k, v in expected.params.items())
     assert all(torch.equal(result.upload[k], generated[k] - v) for k, v in expected.params.items())  # Δθ

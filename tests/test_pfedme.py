@@ -13,7 +13,7 @@ from plfl.config import FederationConfig
 from plfl.experiment import run_experiment
 from plfl.methods.fedavg import FedAvg, FedAvgConfig
 from plfl.methods.pfedme import PFedMe, PFedMeConfig, beta_mix, inner_solution, local_update
-from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 
 from conftest import last_metrics, make_context, run_hook
 
@@ -53,7 +53,7 @@ def test_client_loop_matches_an_independent_one(tiny_federation):
     data = tiny_federation.clients[client]
     w = {key: t.clone() for key, t in global_params.items()}
     theta = {key: t.clone() for key, t in global_params.items()}
-    loader = batch_loader(data.x_train, data.y_train, 5, derive_seed(0, 3, client, LOCAL_TRAINING))
+    loader = batch_loader(data.x_train, data.y_train, 5, derive_seed(0, 3, client, "local_training"))
     for epoch in range(2):
         loader.sampler.set_epoch(epoch)
         for x, y in loader:

@@ -14,14 +14,14 @@ from torch import nn
 
 from plfl.data import FederatedData
 from plfl.errors import ConfigError
-from plfl.executors.base import Executor, drive, resolved
+from plfl.executors.base import Executor, drive
 from plfl.executors.sequential import SequentialExecutor
 from plfl.executors.vectorized import VectorizedExecutor
 
 if TYPE_CHECKING:
     from plfl.config import ExperimentConfig
 
-__all__ = ["Executor", "SequentialExecutor", "VectorizedExecutor", "build_executor", "drive", "resolved"]
+__all__ = ["Executor", "SequentialExecutor", "VectorizedExecutor", "build_executor", "drive"]
 
 
 def build_executor(config: ExperimentConfig, data: FederatedData, architecture: nn.Module) -> Executor:

@@ -10,7 +10,7 @@ method, the client-state store or the callbacks.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Generator, Optional, Protocol, TypeVar
+from typing import Any, Callable, Optional, Protocol, TypeVar
 
 from plfl.errors import PlflError
 from plfl.tasks import (
@@ -21,8 +21,8 @@ from plfl.tasks import (
     StepTask,
     Task,
     TrainResult,
-    Trains,
     TrainTask,
+    Work,
     raised,
 )
 
@@ -47,19 +47,12 @@ class Executor(Protocol):
         when the run ends, however it ends."""
 
 
-def resolved(value: Trains[T] | T) -> Trains[T]:
-    """A hook's return value as a generator: a working hook's own, or one that returns a plain hook's value."""
-    if isinstance(value, Generator):
-        return (yield from value)
-    return value
-
-
 def runners(executor: Executor) -> dict[type, Callable[[list], list]]:
     """The executor's call for each kind of task."""
     return {TrainTask: executor.train, StepTask: executor.step, EvalTask: executor.evaluate}
 
 
-def drive(hooks: list[Trains[T]], executor: Executor) -> list[T | ClientFailure]:
+def drive(hooks: list[Work[T]], executor: Executor) -> list[T | ClientFailure]:
     """Run the clients' hooks in lock-step and return each one's value, in order.
 
     Each round of requests gathers the tasks every unfinished hook waits on and runs those of a kind with one

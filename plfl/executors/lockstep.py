@@ -15,7 +15,6 @@ from typing import Iterator, Optional
 
 import torch
 from torch import nn
-from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 from torchvision.models.resnet import BasicBlock, ResNet
 
@@ -106,30 +105,6 @@ def with_masked_batch_norms(model: nn.Module) -> nn.Module:
 def masked_batch_norms(model: nn.Module) -> list[tuple[str, MaskedBatchNorm]]:
     """``model``'s MaskedBatchNorm layers with their names (found once, not at every step)."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, MaskedBatchNorm)]
-
-
-class MaskedNetwork:
-    """``model`` (the architecture, its BatchNorm layers :class:`MaskedBatchNorm`; its own tensors are never used)
-    on ``device`` as a :class:`~plfl.tasks.Network` that ``vmap`` can run: batch statistics count the real
-    samples only, and the running statistics come back as new tensors."""
-
-    def __init__(self, model: nn.Module, device: torch.device):
-        self.model, self.device = model, device
-        self.norms = masked_batch_norms(model)
-        self.parts = {}  # module name → (submodule, its masked BatchNorm layers, its buffer names)
-
-    def __call__(
-        self, state: Params, x: torch.Tensor, mask: Optional[torch.Tensor] = None, module: str = ""
-    ) -> tuple[torch.Tensor, Params]:
-        if module not in self.parts:
-            net = self.model.get_submodule(module)
-            self.parts[module] = net, masked_batch_norms(net), [name for name, _ in net.named_buffers()]
-        net, norms, buffers = self.parts[module]
-        prefix = f"{module}." if module else ""
-        tensors = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
-        with masked(norms, mask) as statistics:
-            out = functional_call(net, tensors, (x,), strict=True)
-        return out, {prefix + name: statistics.get(name, tensors[name]) for name in buffers}
 
 
 @contextmanager

@@ -24,7 +24,16 @@ from plfl.data import FederatedData
 from plfl.errors import ConfigError, FederationError, PlflError
 from plfl.executors.sequential import SequentialExecutor
 from plfl.state import Params
-from plfl.tasks import ClientFailure, EvalResult, EvalTask, StepResult, StepTask, TrainResult, TrainTask
+from plfl.tasks import (
+    ClientFailure,
+    EvalResult,
+    EvalTask,
+    StepResult,
+    StepTask,
+    TrainResult,
+    TrainTask,
+    shared_identity,
+)
 
 if TYPE_CHECKING:
     from plfl.config import ExperimentConfig
@@ -99,9 +108,9 @@ class RayExecutor:
         return self._run("train", tasks, lambda task, reason: ClientFailure(reason))
 
     def step(self, tasks: list[StepTask]) -> list[StepResult | ClientFailure]:
-        """Each task's ``shared`` tensors go into the object store once per distinct dict."""
-        refs = {id(t.shared): self.ray.put(t.shared) for t in tasks}
-        calls = [(dataclasses.replace(t, shared={}), refs[id(t.shared)]) for t in tasks]
+        """Each task's ``shared`` tensors go into the object store once per distinct set of tensors."""
+        refs = {shared_identity(t): self.ray.put(t.shared) for t in tasks}
+        calls = [(dataclasses.replace(t, shared={}), refs[shared_identity(t)]) for t in tasks]
         return self._run("step", calls, lambda call, reason: ClientFailure(reason))
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:

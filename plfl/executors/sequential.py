@@ -16,7 +16,7 @@ from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.data import FederatedData
 from plfl.data.augment import augmentation
 from plfl.errors import PlflError
-from plfl.executors.steps import PlainNetwork, run_step_task
+from plfl.executors.steps import FunctionalNetwork, run_step_task
 from plfl.models import channels_last
 from plfl.tasks import (
     ClientFailure,
@@ -26,7 +26,7 @@ from plfl.tasks import (
     StepTask,
     TrainResult,
     TrainTask,
-    checked,
+    finite_or_failure,
     raised,
 )
 
@@ -73,7 +73,7 @@ class SequentialExecutor:
 
     def _train(self, task: TrainTask) -> TrainResult | ClientFailure:
         x, y = self._training_split(task.client_id, task.samples)
-        return checked(
+        return finite_or_failure(
             self.trainer.train(
                 task.params,
                 x,
@@ -94,7 +94,7 @@ class SequentialExecutor:
         client = self.data.clients[task.client_id]
         x, y = (t.to(self.device) for t in (client.x_train, client.y_train))
         result = run_step_task(task, self.network, x, y, self.batch_norm)
-        return checked(result, result.state)
+        return finite_or_failure(result, result.state)
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         activity.start_work("evaluation", len(tasks))
@@ -125,9 +125,9 @@ class SequentialExecutor:
         return self.trainer.trainer.strategy.root_device
 
     @cached_property
-    def network(self) -> PlainNetwork:
+    def network(self) -> FunctionalNetwork:
         """A copy of the clients' architecture for the steps (the trainer's module is busy between fits)."""
-        return PlainNetwork(channels_last(copy.deepcopy(self.trainer.module.model)).to(self.device))
+        return FunctionalNetwork(channels_last(copy.deepcopy(self.trainer.module.model)).to(self.device), self.device)
 
     @cached_property
     def batch_norm(self) -> bool:

@@ -2,14 +2,11 @@
 
 The same computation as :func:`~plfl.executors.steps.run_step_task`, client for client: each client runs the
 step on its own batches in its own order, and each lock-step step updates every client that still has a batch
-(``vmap`` of the method's step over the clients' states). Local epochs run one after another; an epoch ends
-with one synchronisation when the tasks have a stop rule, whose clients' last batch losses decide who goes on
-(ALA's initial stage). An epoch's running clients sit in the first rows of :class:`StepState`, whose tensors
-outlive the cohort, so that a step is recorded once per number of active clients and replayed (a CUDA graph
-on a CUDA device, :mod:`plfl.executors.step_graphs`). Tensors that all of a cohort's tasks hold in the very
-same ``shared`` dict are kept once, not per client. With a fixed sample (the same batches every epoch) each
-batch's inputs are prepared once (:meth:`plfl.tasks.Step.prepare`), for all clients in one call when they
-share the tensors it reads and the model has no BatchNorm.
+(``vmap`` of the method's step over the clients' states). Local epochs run one after another, each ending with
+one synchronisation (every client's last batch loss). An epoch's running clients sit in the first rows of
+:class:`StepState`, whose tensors outlive the cohort, so that a step is recorded once per number of active
+clients and replayed (a CUDA graph on a CUDA device, :mod:`plfl.executors.step_graphs`). Tensors that all of a
+cohort's tasks share (the very same tensors under the same names) are kept once, not per client.
 """
 
 from __future__ import annotations
@@ -20,10 +17,11 @@ from typing import Optional
 import torch
 from torch.func import vmap
 
-from plfl.executors.lockstep import MaskedNetwork, Split, first_rows, stack, unstack, zero_rows
+from plfl.executors.lockstep import Split, first_rows, stack, unstack, zero_rows
 from plfl.executors.step_graphs import StepGraphs
+from plfl.executors.steps import FunctionalNetwork
 from plfl.state import Params
-from plfl.tasks import Batch, Step, StepResult, StepTask
+from plfl.tasks import Batch, Step, StepResult, StepTask, shared_identity
 
 
 class StepState:
@@ -92,7 +90,7 @@ def layout(task: StepTask, common: bool, sample: torch.Tensor, width: int) -> tu
 class StackedSteps:
     """Step tasks for cohorts of clients on ``network``'s device, steps recorded and replayed by ``graphs``."""
 
-    def __init__(self, network: MaskedNetwork, graphs: StepGraphs):
+    def __init__(self, network: FunctionalNetwork, graphs: StepGraphs):
         self.network, self.graphs = network, graphs
         self.state: Optional[StepState] = None
 
@@ -100,7 +98,7 @@ class StackedSteps:
         """The tasks of one cohort (equal steps and options), ``rows[c]`` each epoch's batches of ``tasks[c]``
         (:func:`~plfl.executors.steps.epoch_rows`), data in ``split`` on the device."""
         first, device = tasks[0], self.network.device
-        common = all(t.shared is first.shared for t in tasks)
+        common = all(shared_identity(t) == shared_identity(first) for t in tasks)
         cohort = {
             "state": stack([t.state for t in tasks], device),
             "inputs": stack([t.inputs for t in tasks], device),
@@ -111,9 +109,7 @@ class StackedSteps:
             },
         }
         offsets = [split.offsets[t.client_id] for t in tasks]
-        fixed = self._prepared(first, cohort, common, split, offsets, rows) if first.sample is not None else None
-        sample = fixed[0][0, 0] if fixed else split.x[0]
-        state = self._state(first, common, sample, len(tasks), first.batch_size)
+        state = self._state(first, common, split.x[0], len(tasks), first.batch_size)
         if common:
             state.share(first.shared)
         epoch_losses: list[list[float]] = [[] for _ in tasks]
@@ -125,13 +121,13 @@ class StackedSteps:
                 state.save(order, cohort)
                 state.load(now, cohort, common)
                 order = now
-            self._epoch(state, first.step, fixed, common, split, offsets, [rows[c][epoch] for c in order], order)
+            self._epoch(state, first.step, common, split, [offsets[c] for c in order], [rows[c][epoch] for c in order])
             for c in order:
                 seen[c] += int((rows[c][epoch] >= 0).sum())
             for c, value in zip(order, state.last[: len(order)].cpu().tolist()):  # the epoch's one synchronisation
                 epoch_losses[c].append(value)
             epoch += 1
-            running = [c for c in order if epoch < len(rows[c]) and not (first.stop and first.stop(epoch_losses[c]))]
+            running = [c for c in order if epoch < len(rows[c])]
         state.save(order, cohort)
         means = (cohort["sums"]["loss_sum"] / cohort["sums"]["weight"]).tolist()
         return [
@@ -140,28 +136,20 @@ class StackedSteps:
         ]
 
     def _epoch(
-        self,
-        state: StepState,
-        step: Step,
-        fixed: Optional[list[torch.Tensor]],
-        common: bool,
-        split: Split,
-        offsets: list[int],
-        rows: list[torch.Tensor],
-        order: list[int],
+        self, state: StepState, step: Step, common: bool, split: Split, offsets: list[int], rows: list[torch.Tensor]
     ) -> None:
-        """One local epoch of the running clients ``order`` (in ``state``'s first rows), ``rows`` their batches."""
-        index, mask, _ = split.schedule([offsets[c] for c in order], rows)
-        cols = torch.tensor(order, device=index.device)
+        """One local epoch of the running clients (in ``state``'s first rows, from ``offsets``), ``rows`` their
+        batches."""
+        index, mask, _ = split.schedule(offsets, rows)
         for s in range(index.shape[0]):
             k = sum(len(r) > s for r in rows)
-            state.x[:k].copy_(fixed[s][cols[:k]] if fixed is not None else split.x[index[s, :k]])
+            state.x[:k].copy_(split.x[index[s, :k]])
             state.y[:k].copy_(split.y[index[s, :k]])
             state.mask[:k].copy_(mask[s, :k])
-            key = ("step", step, fixed is not None, common, index.shape[-1], k)
-            self.graphs(key, partial(self._step, state, step, fixed is None, common, k), partial(state.mutated, k))
+            key = ("step", step, common, index.shape[-1], k)
+            self.graphs(key, partial(self._step, state, step, common, k), partial(state.mutated, k))
 
-    def _step(self, state: StepState, step: Step, prepare: bool, common: bool, k: int) -> None:
+    def _step(self, state: StepState, step: Step, common: bool, k: int) -> None:
         """``step`` for the first ``k`` rows of ``state``, reading and writing only its tensors (so that it can be
         replayed)."""
         network = self.network
@@ -169,8 +157,6 @@ class StackedSteps:
         def one(
             client: Params, inputs: Params, shared: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
         ) -> tuple:
-            if prepare:
-                x = step.prepare(network, shared, x, mask)
             return tuple(step(network, client, inputs, shared, Batch(x, y, mask)))
 
         rows = first_rows(state.state, k)
@@ -183,33 +169,6 @@ class StackedSteps:
         state.last[:k] = loss
         state.loss_sum[:k] += loss.double() * samples
         state.weight[:k] += samples
-
-    def _prepared(
-        self,
-        task: StepTask,
-        cohort: dict[str, Params],
-        common: bool,
-        split: Split,
-        offsets: list[int],
-        rows: list[list[torch.Tensor]],
-    ) -> list[torch.Tensor]:
-        """Per step s of a fixed sample's epoch, the (C_s, W, ...) prepared inputs of the clients (in cohort order)
-        that have an s-th batch; for all clients in one call when they share ``shared`` and there is no
-        BatchNorm (whose batch statistics are per client)."""
-        index, mask, active = split.schedule(offsets, [r[0] for r in rows])
-        network, step = self.network, task.step
-        shared = {k: v.to(network.device) for k, v in task.shared.items()} if common else cohort["shared"]
-        with torch.no_grad():
-            if common and not network.norms:
-                return [
-                    step.prepare(network, shared, split.x[index[s, :a]].flatten(0, 1), None).unflatten(0, (a, -1))
-                    for s, a in enumerate(active)
-                ]
-            prepare = vmap(partial(step.prepare, network), in_dims=(None if common else 0, 0, 0))
-            return [
-                prepare(shared if common else first_rows(shared, a), split.x[index[s, :a]], mask[s, :a])
-                for s, a in enumerate(active)
-            ]
 
     def _state(self, task: StepTask, common: bool, sample: torch.Tensor, capacity: int, width: int) -> StepState:
         """The persistent state, replaced (and the recorded steps forgotten) when it cannot serve the cohort."""

@@ -3,9 +3,10 @@
 Tasks of one ``train`` call with the same options (epochs or steps, trainable set, proximal μ) train in cohorts
 of at most ``cohort_size`` clients: their states are stacked on a leading axis, and each step trains every client
 on its own next mini-batch with ``vmap(grad(loss))`` over ``functional_call`` (torch.func), in exactly the batch
-order ``LocalTrainer`` gives that client alone (:mod:`plfl.batches`). The update is ``torch.optim.SGD``'s
-(v ← m·v + g, v = g at the first step; θ ← θ − lr·v) on the trainable parameters; the loss is the batch-mean
-cross-entropy, padding masked out, plus the proximal term; BatchNorm layers run as
+order ``LocalTrainer`` gives that client alone (:mod:`plfl.batches`). The update is torch's SGD
+(``torch.optim.sgd.sgd``, which ``torch.optim.SGD`` runs in Lightning's loop: v ← m·v + g, v = g at the first
+step; θ ← θ − lr·v) on the trainable parameters; the loss is the batch-mean cross-entropy, padding masked out,
+plus the proximal term (:func:`plfl.tasks.proximal_penalty`); BatchNorm layers run as
 :class:`~plfl.executors.lockstep.MaskedBatchNorm` (batch statistics of the real samples, each client's running
 statistics written back into its state). A method's own steps run in cohorts of equal steps, ``vmap`` of the
 step (:mod:`plfl.executors.stacked_steps`); evaluation stacks the models the same way (running statistics).
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.optim.sgd import sgd
 
 from plfl.activity import current as activity
 from plfl.batches import EVAL_BATCH_SIZE, has_batch_norm, last_batch_minimum, padded_rows, training_rows
@@ -39,7 +41,6 @@ from plfl.errors import PlflError, PlflWarning
 from plfl.executors.base import Executor
 from plfl.executors.lockstep import (
     CohortState,
-    MaskedNetwork,
     Split,
     first_rows,
     masked,
@@ -50,7 +51,7 @@ from plfl.executors.lockstep import (
 )
 from plfl.executors.stacked_steps import StackedSteps
 from plfl.executors.step_graphs import StepGraphs
-from plfl.executors.steps import epoch_rows
+from plfl.executors.steps import FunctionalNetwork, epoch_rows
 from plfl.state import Params
 from plfl.tasks import (
     ClientFailure,
@@ -60,7 +61,8 @@ from plfl.tasks import (
     StepTask,
     TrainResult,
     TrainTask,
-    checked,
+    finite_or_failure,
+    proximal_penalty,
     raised,
 )
 
@@ -92,7 +94,7 @@ class VectorizedExecutor:
         self.norms = masked_batch_norms(self.model)
         self.cohort: Optional[CohortState] = None  # grown to the largest cohort (_cohort_state)
         self.graphs = StepGraphs(capture=federation.cuda_graphs and device.type == "cuda")
-        self.stacked_steps = StackedSteps(MaskedNetwork(self.model, device), self.graphs)
+        self.stacked_steps = StackedSteps(FunctionalNetwork(self.model, device), self.graphs)
         self.batch_norm = has_batch_norm(architecture)
         self.eval_reason = unsupported(architecture, precision)
         augmented = "data.augment draws random crops and flips" if augment else None
@@ -138,7 +140,7 @@ class VectorizedExecutor:
         samples = [int((r >= 0).sum()) for r in rows]
         losses = cohort.loss_sum[: len(tasks)].cpu().tolist()  # the cohort's one synchronisation
         return [
-            checked(TrainResult(p, losses[c] / samples[c] if samples[c] else math.nan, samples[c]))
+            finite_or_failure(TrainResult(p, losses[c] / samples[c] if samples[c] else math.nan, samples[c]))
             for c, p in enumerate(unstack(cohort.state, len(tasks)))
         ]
 
@@ -179,10 +181,20 @@ class VectorizedExecutor:
         cohort.loss_sum[:k] += losses
         for name, value in statistics.items():  # BatchNorm's running statistics, per client
             state[name].copy_(value)
-        for name, g in grads.items():
-            if self.momentum:  # torch.optim.SGD's buffer: the first step's is the gradient (0·m + g)
-                g = cohort.velocity[name][:k].mul_(self.momentum).add_(g)
-            params[name].add_(g, alpha=-self.lr)
+        # The velocity starts at 0, so the first step's is the gradient, as torch.optim.SGD's new buffer.
+        velocity = [cohort.velocity[name][:k] if self.momentum else None for name in grads]
+        sgd(
+            [params[name] for name in grads],
+            list(grads.values()),
+            velocity,
+            foreach=False,
+            weight_decay=0.0,
+            momentum=self.momentum,
+            lr=self.lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
 
     def _loss(
         self,
@@ -201,7 +213,7 @@ class VectorizedExecutor:
         summed = (F.cross_entropy(logits, y, reduction="none") * mask).sum()
         loss = summed / mask.sum()
         if anchor is not None:
-            loss = loss + mu / 2 * torch.stack([(p - anchor[k]).pow(2).sum() for k, p in params.items()]).sum()
+            loss = loss + proximal_penalty(params, anchor, mu)
         return loss, (summed.detach(), statistics)
 
     def step(self, tasks: list[StepTask]) -> list[StepResult | ClientFailure]:
@@ -212,9 +224,11 @@ class VectorizedExecutor:
         self.model.train()
         return self._in_cohorts(
             tasks,
-            lambda t: (t.step, t.batch_size, t.epochs, t.steps, t.stop, t.sample is None, t.sub_batches),
+            lambda t: (t.step, t.batch_size, t.epochs, t.steps, t.ordered_samples is None, t.min_last_batch),
             lambda t: epoch_rows(t, self.data.clients[t.client_id].num_train, self.batch_norm),
-            lambda cohort, rows: [checked(r, r.state) for r in self.stacked_steps(self.train_split, cohort, rows)],
+            lambda cohort, rows: [
+                finite_or_failure(r, r.state) for r in self.stacked_steps(self.train_split, cohort, rows)
+            ],
             tasks[0].step.work if tasks else "",
         )
 

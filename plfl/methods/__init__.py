@@ -12,6 +12,7 @@ import dataclasses
 import importlib
 import pkgutil
 from functools import cache
+from typing import Any
 
 from plfl.errors import ConfigError
 
@@ -54,4 +55,19 @@ def takes_ala(cls: type) -> bool:
     return any(f.name == "ala" for f in dataclasses.fields(cls.config_class))
 
 
-__all__ = ["method_class", "methods", "summary", "takes_ala"]
+def build_method(config: Any, context: Any, initial_params: Any) -> Any:
+    """The method of ``config`` (its ``method`` section) over ``context``, starting from ``initial_params``;
+    with ``method.ala`` set, composed with ALA (:func:`plfl.methods.ala.with_ala`).
+
+    Raises:
+        ConfigError: unknown ``method.name``, or options the method refuses for this run.
+    """
+    cls = method_class(config.name)
+    if getattr(config, "ala", None) is not None:
+        from plfl.methods.ala import with_ala
+
+        cls = with_ala(cls)
+    return cls(config, context, initial_params)
+
+
+__all__ = ["build_method", "method_class", "methods", "summary", "takes_ala"]

@@ -1,4 +1,4 @@
-"""Adaptive Local Aggregation (ALA), the local initialisation of FedALA, as a component of any method.
+"""Adaptive Local Aggregation (ALA), FedALA's local initialisation, as a component of any method.
 
 Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized Federated Learning", AAAI 2023, Eq. 3–5
 and Algorithm 1 (lines 6–16). With Θ the received global model, Θ_i the client's old local model and the top
@@ -11,17 +11,23 @@ p parameter tensors (``named_parameters`` order, counted from the end):
 
 The first time it runs for a client (W_i absent, all ones to start: the "initial stage") it repeats epochs
 until more than ``num_pre_loss`` epoch losses are recorded and the std of the last ``num_pre_loss`` is below
-``threshold`` (the recorded loss is each epoch's last batch loss, :class:`Settled`), at most
-``max_init_epochs`` (a cap the reference code lacks: it can loop forever); afterwards exactly one epoch.
-Any method switches it on with ``method.ala: {...}`` (FedALA paper, Table 4); the learning is a step task
-(:mod:`plfl.tasks`), so every executor runs it.
+``threshold`` (the recorded loss is each epoch's last batch loss, :func:`settled`), at most
+``max_init_epochs`` (a cap the reference code lacks: it can loop forever); afterwards exactly one epoch. Each
+epoch is one step task (:mod:`plfl.tasks`), so every executor runs it and the clients' initial stages go on in
+lock-step, each until its own losses settle.
+
+:class:`AdaptiveLocalAggregation` puts ALA after a method's own ``pre_local_init``: FedALA is FedAvg with it,
+and ``method.ala: {...}`` composes it with any method whose client starts from a received model (FedALA
+paper, Table 4; :func:`with_ala`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 import torch
@@ -31,7 +37,7 @@ from torch.func import grad_and_value
 from plfl.errors import ConfigError, PlflWarning
 from plfl.fields import checked
 from plfl.models import BodyHeadModel
-from plfl.seeding import ALA_SUBSET, derive_seed
+from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore, Params
 from plfl.tasks import (
     Batch,
@@ -40,13 +46,14 @@ from plfl.tasks import (
     StepOutput,
     StepResult,
     StepTask,
-    Trains,
+    Work,
     masked_cross_entropy,
+    resolved,
     sample_count,
 )
 
 if TYPE_CHECKING:
-    from plfl.methods.base import FederationContext
+    from plfl.methods.base import FederationContext, Method
 
 
 @dataclass
@@ -84,21 +91,19 @@ class ALAConfig:
 @dataclass(frozen=True)
 class ALAStep(Step):
     """Eq. 5 on one batch: the state is W_i (the top tensors' names), the inputs ``local/<name>`` (Θ_i) and
-    ``gap/<name>`` (Θ − Θ_i), shared the received Θ. With ``head_only`` (every top tensor in the head) the
-    batches are prepared once into the fixed global body's features and the steps run the head alone: the
-    same numbers at a fraction of the cost."""
+    ``gap/<name>`` (Θ − Θ_i), shared the received Θ. With ``head_only`` (every top tensor in the head) the loss
+    is the head's on the fixed global body's features, which need no gradient: the same numbers for less work."""
 
     work = "ALA"
     eta: float
     top: tuple[str, ...]
     head_only: bool
 
-    def prepare(self, network: Network, shared: Params, x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        return network(shared, x, mask, "body")[0] if self.head_only else x
-
     def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
+        x, part = (network(shared, batch.x, batch.mask, "body")[0], "head") if self.head_only else (batch.x, "")
+
         def loss(theta: Params) -> torch.Tensor:
-            logits, _ = network({**shared, **theta}, batch.x, batch.mask, "head" if self.head_only else "")
+            logits, _ = network({**shared, **theta}, x, batch.mask, part)
             return masked_cross_entropy(logits, batch.y, batch.mask)
 
         theta = {k: inputs[f"local/{k}"] + inputs[f"gap/{k}"] * state[k] for k in self.top}
@@ -107,24 +112,19 @@ class ALAStep(Step):
         return StepOutput(weights, value, sample_count(batch))
 
 
-@dataclass(frozen=True)
-class Settled:
-    """The initial stage's stop rule: :func:`settled` with these ``num_pre_loss`` and ``threshold``."""
-
-    num_pre_loss: int
-    threshold: float
-
-    def __call__(self, epoch_losses: list[float]) -> bool:
-        n = self.num_pre_loss
-        return len(epoch_losses) > n and float(np.std(epoch_losses[-n:])) < self.threshold
+def settled(epoch_losses: list[float], num_pre_loss: int, threshold: float) -> bool:
+    """Whether the initial stage ends: more than ``num_pre_loss`` epoch losses, the std of the last
+    ``num_pre_loss`` of them below ``threshold`` (Algorithm 1, line 13)."""
+    recent = epoch_losses[-num_pre_loss:]
+    return len(epoch_losses) > num_pre_loss and float(np.std(recent)) < threshold
 
 
 def local_aggregation(
     config: ALAConfig, context: FederationContext, client_id: int, message: Params, local: Params, round_: int
-) -> Trains[Params]:
+) -> Work[Params]:
     """ALA's initialisation of client ``client_id``'s model from the received ``message`` (Θ) and its old
     ``local`` model (Θ_i): learns W_i (kept in the store as ``ala_weights``, with ``ala_epochs``) on an s %
-    sample drawn from the stream ALA_SUBSET of ``round_``, and returns Θ̂.
+    sample drawn from the stream ``ala_subset`` of ``round_``, one epoch per step task, and returns Θ̂.
 
     Warns:
         PlflWarning: the initial stage hit ``max_init_epochs`` before the losses settled.
@@ -132,29 +132,73 @@ def local_aggregation(
     store, architecture = context.store, context.architecture
     top = top_names(architecture, config.p)
     weights = store.get(client_id, "ala_weights")
-    seed = derive_seed(context.federation.seed, round_, client_id, ALA_SUBSET)
+    seed = derive_seed(context.federation.seed, round_, client_id, "ala_subset")
     sample = sample_index(context.data.clients[client_id].num_train, config.s, torch.Generator().manual_seed(seed))
-    rule = Settled(config.num_pre_loss, config.threshold)
-    length = {"epochs": 1} if weights is not None else {"epochs": config.max_init_epochs, "stop": rule}
     task = StepTask(
         client_id,
         ALAStep(config.eta, tuple(top), head_only(architecture, top)),
         weights or {k: torch.ones_like(message[k]) for k in top},
         seed,
         context.federation.batch_size,
+        epochs=1,
         inputs={**{f"local/{k}": local[k] for k in top}, **{f"gap/{k}": message[k] - local[k] for k in top}},
         shared=message,
-        sample=sample,
-        **length,
+        ordered_samples=sample,
     )
     result: StepResult = yield task
-    if weights is None and not rule(result.epoch_losses):
-        warn_capped(config, client_id, result.epoch_losses)
+    losses = list(result.epoch_losses)
+    if weights is None:  # the initial stage: an epoch at a time until the losses settle
+        while not settled(losses, config.num_pre_loss, config.threshold) and len(losses) < config.max_init_epochs:
+            result = yield dataclasses.replace(task, state=result.state)
+            losses += result.epoch_losses
+        if not settled(losses, config.num_pre_loss, config.threshold):
+            warn_capped(config, client_id, losses)
     store.set(client_id, "ala_weights", result.state)
-    store.set(client_id, "ala_epochs", result.epochs)
+    store.set(client_id, "ala_epochs", len(losses))
     params = {k: v.clone() for k, v in message.items()}
     params.update({k: local[k] + (message[k] - local[k]) * result.state[k] for k in top})
     return params
+
+
+class AdaptiveLocalAggregation:
+    """ALA after a method's own local initialisation (the mixin of :func:`with_ala`, and FedALA's).
+
+    A client's model from the method's ``pre_local_init`` becomes the received model Θ of Eq. 3–5, its model
+    before the broadcast the old local model Θ_i; a client without one (before its first training) keeps the
+    method's. ``round_metrics`` adds :func:`ala_metrics`. The settings are ``method.ala`` (:attr:`ala`).
+
+    Raises:
+        ConfigError: at construction, a ``p`` beyond the model's parameter tensors.
+    """
+
+    config: Any
+    context: FederationContext
+    store: ClientStateStore
+
+    def __init__(self, config: Any, context: FederationContext, initial_params: Params):
+        super().__init__(config, context, initial_params)
+        top_names(context.architecture, self.ala.p)  # refuses a p beyond the model's tensors before training
+
+    @property
+    def ala(self) -> ALAConfig:
+        return self.config.ala
+
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Work[Params]:
+        local = self.store.get(client_id, "model")
+        received = yield from resolved(super().pre_local_init(client_id, message, round_))
+        if local is None:
+            return received
+        return (yield from local_aggregation(self.ala, self.context, client_id, received, local, round_))
+
+    def round_metrics(self, round_: int) -> dict[str, float]:
+        return {**ala_metrics(self.store), **super().round_metrics(round_)}
+
+
+@functools.cache
+def with_ala(method: type[Method]) -> type[Method]:
+    """``method`` with ALA after its local initialisation (FedALA paper, Table 4): the class a run with
+    ``method.ala`` set builds."""
+    return type(f"{method.__name__}WithALA", (AdaptiveLocalAggregation, method), {"__module__": method.__module__})
 
 
 def ala_metrics(store: ClientStateStore) -> dict[str, float]:

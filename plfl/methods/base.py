@@ -14,8 +14,8 @@ generator functions that yield tasks of :mod:`plfl.tasks` (:meth:`Method.train_t
 :meth:`Method.step_task`, evaluation) and receive their results; the loop runs the tasks through its
 executor, every client's together. A plain function's value is used as it is. A hook that extends
 its parent's writes ``result = yield from super().local_train(...)``. The default hooks are FedAvg's
-client side; ALA (FedALA) is switched on by ``method.ala`` for a method that keeps the default
-``pre_local_init`` and whose config has that key (:class:`plfl.methods.fedavg.FedAvgConfig`).
+client side. A hook that adds a step to any method's is a mixin placed before the method's class, as ALA
+(:class:`plfl.methods.ala.AdaptiveLocalAggregation`) adds its local aggregation to ``pre_local_init``.
 
 A method is one module: its config dataclass (a :class:`MethodConfig`, one commented field per
 hyperparameter) beside its class, which names it once (``name``) and points at the config
@@ -32,10 +32,9 @@ from torch import nn
 
 from plfl.errors import ConfigError
 from plfl.fields import documented
-from plfl.methods.ala import ALAConfig, ala_metrics, local_aggregation, top_names
-from plfl.seeding import LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore, Params
-from plfl.tasks import Step, StepTask, TrainResult, Trains, TrainTask
+from plfl.tasks import Step, StepTask, TrainResult, TrainTask, Work
 
 if TYPE_CHECKING:
     from plfl.config import ExperimentConfig, FederationConfig
@@ -100,60 +99,59 @@ class Method:
         self.context = context
         self.store = context.store
         self.global_params = initial_params
-        self.ala = self.ala_config()
-        if self.ala is not None:
-            top_names(context.architecture, self.ala.p)  # refuses a p beyond the model's tensors before training
-
-    def ala_config(self) -> Optional[ALAConfig]:
-        return getattr(self.config, "ala", None)
 
     def server_message(self, client_id: int, round_: int) -> Optional[Params]:
         """What the server sends client ``client_id`` at the broadcast of ``round_`` (None: nothing is sent);
         called once per client and round, after ``aggregate``."""
         return self.global_params
 
-    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params | Trains[Params]:
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params | Work[Params]:
         """The client's model after receiving ``message``: its model for evaluation and training.
 
-        Default: overwrite the local model with the global one, or ALA's
-        initialisation (run by the executor) when ALA is on and the client already has a local model.
+        Default: the received model, replacing the client's own (its tensors are not copied: the store's values,
+        the server's and the messages are never modified in place). Methods that keep a model of their own start
+        from :meth:`own_model` or :meth:`received_over_own`.
         """
-        local = self.store.get(client_id, "model")
-        if self.ala is None or local is None:
-            return {k: v.clone() for k, v in message.items()}
-        return self.local_aggregation(client_id, message, local, round_)
+        return dict(message)
 
-    def local_aggregation(self, client_id: int, message: Params, local: Params, round_: int) -> Trains[Params]:
-        """ALA's initialisation of the client's model from ``message`` and its old ``local`` model (FedALA,
-        Eq. 3–5); keeps W_i."""
-        return (yield from local_aggregation(self.ala, self.context, client_id, message, local, round_))
+    def own_model(self, client_id: int, first: Params) -> Params:
+        """The client's own model from the store; before its first training, a copy of ``first`` (the received
+        model, or the initial global model)."""
+        return self.store.get(client_id, "model") or {k: v.clone() for k, v in first.items()}
+
+    def received_over_own(self, client_id: int, message: Params, first: Params) -> Params:
+        """The received tensors (a part of the model) over the client's own model; before its first training,
+        over ``first``: a model whose other tensors never leave the client (local layers, a personal head)."""
+        own = self.store.get(client_id, "model") or first
+        return {**own, **{k: v.clone() for k, v in message.items()}}
 
     def local_train(
         self, client_id: int, params: Params, message: Optional[Params], round_: int
-    ) -> TrainResult | Trains[TrainResult]:
+    ) -> TrainResult | Work[TrainResult]:
         """Train the client from ``params`` (its model) for ``federation.local_epochs`` epochs; ``message``:
         what it received at the last broadcast."""
         return (
             yield self.train_task(
-                client_id, params, round_, LOCAL_TRAINING, epochs=self.context.federation.local_epochs
+                client_id, params, round_, "local_training", epochs=self.context.federation.local_epochs
             )
         )
 
-    def train_task(self, client_id: int, params: Params, round_: int, stream: int, **options: Any) -> TrainTask:
+    def train_task(self, client_id: int, params: Params, round_: int, stream: str, **options: Any) -> TrainTask:
         """Training from ``params`` on the client's :meth:`training_samples`, its batch order drawn from
-        (seed, round, client, ``stream``); ``options``: epochs or steps, and optionally trainable, proximal and
-        samples, other ones than :meth:`training_samples` (see :class:`plfl.tasks.TrainTask`). A hook yields it
-        and receives its TrainResult."""
+        (seed, round, client, the random stream named ``stream``, :func:`plfl.seeding.derive_seed`); ``options``:
+        epochs or steps, and optionally trainable, proximal and samples, other ones than
+        :meth:`training_samples` (see :class:`plfl.tasks.TrainTask`). A hook yields it and receives its
+        TrainResult."""
         options = {"samples": self.training_samples(client_id), **options}
         return TrainTask(client_id, params, derive_seed(self.seed, round_, client_id, stream), **options)
 
     def step_task(
-        self, client_id: int, step: Step, state: Params, round_: int, stream: int, **options: Any
+        self, client_id: int, step: Step, state: Params, round_: int, stream: str, **options: Any
     ) -> StepTask:
         """``step`` on the client's training batches from ``state``, their order drawn from (seed, round, client,
-        ``stream``), in batches of ``federation.batch_size`` for ``federation.local_epochs`` epochs unless
-        ``options`` say otherwise (see :class:`plfl.tasks.StepTask`). A hook yields it and receives its
-        StepResult."""
+        the stream named ``stream``), in batches of ``federation.batch_size`` for ``federation.local_epochs``
+        epochs unless ``options`` say otherwise (see :class:`plfl.tasks.StepTask`). A hook yields it and receives
+        its StepResult."""
         federation = self.context.federation
         options = {"batch_size": federation.batch_size, **options}
         if "steps" not in options:
@@ -165,7 +163,7 @@ class Method:
         (default): all, unless a method holds part of the split out (FedFomo's validation split)."""
         return None
 
-    def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult | Trains[TrainResult]:
+    def post_train(self, client_id: int, result: TrainResult, round_: int) -> TrainResult | Work[TrainResult]:
         """Adjust the trained model before upload (e.g. FedFTHA's head fine-tuning)."""
         return result
 
@@ -189,9 +187,8 @@ class Method:
         return {}
 
     def round_metrics(self, round_: int) -> dict[str, float]:
-        """Method statistics logged with each round's metrics; with ALA, its weights' (see
-        :func:`plfl.methods.ala.ala_metrics`)."""
-        return {} if self.ala is None else ala_metrics(self.store)
+        """Method statistics logged with each round's metrics (default: none)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """The server's state between rounds, for checkpoints: the ``server_state`` attributes

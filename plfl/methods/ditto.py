@@ -1,15 +1,12 @@
 """Ditto (Li, Hu, Beirami and Smith, ICML 2021, arXiv:2012.04221): FedAvg plus personal models near the global one.
-
 Client i solves min_v F_i(v) + λ/2 ‖v − w*‖², w* the global model that FedAvg learns (Eq. 2).
 Per round (Alg. 1), a sampled client with the received global model w:
-
 - personal model: v ← v − η (∇F_i(v) + λ (v − w)) per mini-batch, for ``method.personal_epochs``
   epochs from its own v (``local_train``: a :class:`~plfl.tasks.ProximalTerm` anchored at w,
-  stream PERSONAL_TRAINING);
+  stream "personal_training");
 - global copy: FedAvg's local training from w for ``federation.local_epochs`` (stream
   LOCAL_TRAINING); it is what the client uploads (``TrainResult.upload``);
 - server: FedAvg's sample-weighted average (inherited ``aggregate``).
-
 v is the client's model in the store: ``pre_local_init`` keeps it, so v is what each client
 evaluates; the global w is evaluated on all clients' test data (``global_accuracy``), as
 PFLlib evaluates both. As PFLlib's ``serverditto.py``, the personal model trains first; both
@@ -26,9 +23,8 @@ from typing import Optional
 from plfl.fields import checked
 from plfl.methods.base import MethodConfig
 from plfl.methods.fedavg import FedAvg
-from plfl.seeding import PERSONAL_TRAINING
 from plfl.state import Params
-from plfl.tasks import ProximalTerm, TrainResult, Trains
+from plfl.tasks import ProximalTerm, TrainResult, Work
 
 
 @dataclass
@@ -60,16 +56,16 @@ class Ditto(FedAvg):
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
         """The client's own v; before its first training, the received global model."""
-        return self.store.get(client_id, "model") or {k: v.clone() for k, v in message.items()}
+        return self.own_model(client_id, message)
 
-    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Work[TrainResult]:
         """v (``params``) trained with λ/2‖v − w‖², then FedAvg's training of w (the received ``message``),
         uploaded (Alg. 1)."""
         personal = yield self.train_task(
             client_id,
             params,
             round_,
-            PERSONAL_TRAINING,
+            "personal_training",
             epochs=self.config.personal_epochs,
             proximal=ProximalTerm(message, self.config.lam),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plfl.methods.ala import ALAConfig
+from plfl.methods.ala import AdaptiveLocalAggregation, ALAConfig
 from plfl.methods.base import MethodConfig
 from plfl.methods.fedavg import FedAvg
 
@@ -15,7 +15,7 @@ class FedALAConfig(ALAConfig, MethodConfig):
     """FedALA's keys are ALA's, at the top of ``method``: ``method.s``, ``method.p``, ..."""
 
 
-class FedALA(FedAvg):
+class FedALA(AdaptiveLocalAggregation, FedAvg):
     """FedALA (Zhang et al., AAAI 2023): FedAvg with adaptive local aggregation.
 
     FedAvg aggregation on the server; ALA (Eq. 3–5, Alg. 1) initialises every client's model.
@@ -24,5 +24,6 @@ class FedALA(FedAvg):
     name = "fedala"
     config_class = FedALAConfig
 
-    def ala_config(self) -> ALAConfig:
+    @property
+    def ala(self) -> ALAConfig:
         return self.config

@@ -1,22 +1,17 @@
 """FedAMP (Huang et al., AAAI 2021, arXiv:2007.03797): cloud models weighting all clients' models by similarity.
-
 The server keeps every client's latest uploaded model w_j and builds, for client i, the
 personalized cloud model (Eq. 6)
-
     u_i = Σ_j ξ_{i,j} w_j,  ξ_{i,j} = α_K A'(‖w_i − w_j‖²) (j ≠ i),  ξ_{i,i} = 1 − Σ_{j≠i} ξ_{i,j},
-
 with the attention-inducing function A(x) = 1 − e^{−x/σ}, so A'(x) = e^{−x/σ}/σ: the
 closer two models, the more they weigh in each other's cloud model (``attention_weights``,
 ``cloud_model``). Client i then trains its own w_i on F_i(w) + λ/(2α_K) ‖w − u_i‖² (Eq. 8),
 a :class:`~plfl.tasks.ProximalTerm` with μ = λ/α_K anchored at u_i.
-
 Hooks: ``aggregate`` stores the uploads and computes ξ; ``server_message`` sends u_i;
 ``pre_local_init`` keeps the client's own w_i, which is what it evaluates; ``local_train``
 trains w_i from itself with the proximal term. As PFLlib (serveramp.py, clientamp.py):
 training starts from the client's own model, not from u_i, and that model is evaluated;
 defaults α_K = σ = λ = 1; only parameters are mixed and sent (buffers stay with the client);
 before any upload, every w_j is the initial model and so is u_i.
-
 Departures: PFLlib's current client adds λ/(2α_K)‖w − u_i‖ (the norm, not its square;
 its earlier versions squared it, as Eq. 8 does), and builds it from detached copies
 (``.data``) of both models, so the term has no gradient: PFLlib's FedAMP clients train as its
@@ -36,9 +31,8 @@ import torch
 
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig
-from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
-from plfl.tasks import ProximalTerm, TrainResult, Trains
+from plfl.tasks import ProximalTerm, TrainResult, Work
 
 
 @dataclass
@@ -113,9 +107,9 @@ class FedAMP(Method):
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """The client's own w_i (before its first training, the initial model)."""
-        return self.store.get(client_id, "model") or self.global_params
+        return self.own_model(client_id, self.global_params)
 
-    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Work[TrainResult]:
         """w_i trained from itself on F_i(w) + λ/(2α_K)‖w − u_i‖² (Eq. 8), u_i the received cloud model."""
         proximal = ProximalTerm(message, self.config.lam / self.config.alpha_k)
         return (
@@ -123,7 +117,7 @@ class FedAMP(Method):
                 client_id,
                 params,
                 round_,
-                LOCAL_TRAINING,
+                "local_training",
                 epochs=self.context.federation.local_epochs,
                 proximal=proximal,
             )

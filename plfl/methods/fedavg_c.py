@@ -1,11 +1,10 @@
 """FedAvg-C and FedProx-C (FedALA paper: Zhang et al., AAAI 2023, arXiv:2212.01197, Sec. 5):
 FedAvg and FedProx that fine-tune the received global model locally as local initialisation.
-
 Sec. 5 describes the two baselines in one sentence: they "locally fine-tune the global model
 for local initialization at each iteration". Here, after every broadcast (round 0 included),
 each client's model is the received global model Θ^t trained on its own training split for
 ``method.finetune_epochs`` epochs of plain SGD (``pre_local_init``, seed stream
-FINE_TUNING); that fine-tuned model is evaluated, and the next round's local training
+"fine_tuning"); that fine-tuned model is evaluated, and the next round's local training
 starts from it. FedAvg-C then trains as FedAvg does, FedProx-C with FedProx's proximal term
 μ/2 ‖w − Θ^t‖², anchored at the received Θ^t, not at the fine-tuned model. Both servers are
 FedAvg's. Choices the paper leaves open: the number of fine-tuning epochs (default 1) and
@@ -21,9 +20,8 @@ from plfl.fields import checked
 from plfl.methods.base import Method, MethodConfig
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.fedprox import FedProx, proximal_mu
-from plfl.seeding import FINE_TUNING
 from plfl.state import Params
-from plfl.tasks import Trains
+from plfl.tasks import Work
 
 
 @dataclass
@@ -50,9 +48,9 @@ class FineTunedInit(Method):
     """Mixin: local initialisation by fine-tuning the received model for
     ``config.finetune_epochs`` epochs on the client's training split (put it first in the bases)."""
 
-    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Trains[Params]:
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Work[Params]:
         """The received global model after ``finetune_epochs`` epochs on the client's data (Sec. 5)."""
-        tuned = yield self.train_task(client_id, message, round_, FINE_TUNING, epochs=self.config.finetune_epochs)
+        tuned = yield self.train_task(client_id, message, round_, "fine_tuning", epochs=self.config.finetune_epochs)
         return tuned.params
 
 

@@ -21,7 +21,7 @@ training on the rest; L the mean cross-entropy; ‖·‖ over the parameters, pl
 parameters are combined and sent; the top-M choice without the paper's ε-greedy exploration;
 P accumulates the signed s_n; nothing is sent before the first uploads. PFLlib validates on
 the last 20 % of the stored training data; plfl draws that 20 % once per run (stream
-VALIDATION_SPLIT, ``validation_split``), since a partition may store samples grouped by class.
+"validation_split", ``validation_split``), since a partition may store samples grouped by class.
 
 Departures: PFLlib scores against the model the client had before its previous local
 training (its ``old_model``) and, P starting at the identity, downloads the client's own
@@ -40,9 +40,9 @@ import torch
 from plfl.errors import ConfigError
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig
-from plfl.seeding import LOCAL_TRAINING, VALIDATION_SPLIT, derive_seed
+from plfl.seeding import derive_seed
 from plfl.state import Params
-from plfl.tasks import EvalTask, TrainResult, Trains
+from plfl.tasks import EvalTask, TrainResult, Work
 
 SCORES = "fedfomo_scores"  # the upload's key for the scores s_n, (M,), in download order
 
@@ -115,7 +115,7 @@ class FedFomo(Method):
         super().__init__(config, context, initial_params)
         clients = context.data.clients
         self.splits = [
-            validation_split(c.num_train, config.val_ratio, derive_seed(self.seed, 0, i, VALIDATION_SPLIT))
+            validation_split(c.num_train, config.val_ratio, derive_seed(self.seed, 0, i, "validation_split"))
             for i, c in enumerate(clients)
         ]
         # θ_n: every client's latest upload, parameters only, stacked (N, ...).
@@ -143,11 +143,9 @@ class FedFomo(Method):
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
         """The client's own model (before its first training, the initial model)."""
-        return self.store.get(client_id, "model") or self.global_params
+        return self.own_model(client_id, self.global_params)
 
-    def local_train(
-        self, client_id: int, params: Params, message: Optional[Params], round_: int
-    ) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Optional[Params], round_: int) -> Work[TrainResult]:
         """The first-order update of ``params`` by the received models (``message``) on the validation split,
         then ``federation.local_epochs`` epochs on the rest; the scores go with the upload."""
         scores = torch.zeros(0)
@@ -162,7 +160,7 @@ class FedFomo(Method):
             scores = fomo_scores(own.loss, torch.tensor([e.loss for e in others]), distances)
             params = fomo_update(params, message, fomo_weights(scores))
         result = yield self.train_task(
-            client_id, params, round_, LOCAL_TRAINING, epochs=self.context.federation.local_epochs
+            client_id, params, round_, "local_training", epochs=self.context.federation.local_epochs
         )
         result.upload = {**{k: result.params[k] for k in self.models}, SCORES: scores}
         return result

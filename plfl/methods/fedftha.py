@@ -1,5 +1,4 @@
 """FedFTHA and FedFT: local head fine-tuning and server-side head aggregation.
-
 "FedFTHA: A Fine-Tuning and Head Aggregation Method in Federated Learning",
 IEEE IoT-J 2023, Eq. 5–9. The model is a body G (representation) and a head
 H (the last classifier layer, ``head.*``); every client keeps its own head.
@@ -13,9 +12,8 @@ from typing import Optional
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.fedavg import weighted_average
-from plfl.seeding import POST_TRAINING
 from plfl.state import Params
-from plfl.tasks import TrainResult, Trains
+from plfl.tasks import TrainResult, Work
 
 
 @dataclass
@@ -55,7 +53,7 @@ class FedFTHA(Method):
         self.head_parameters = {n for n, _ in context.architecture.named_parameters() if n.startswith("head.")}
         self.heads: dict[int, Params] = {}  # client → its latest uploaded head
 
-    def post_train(self, client_id: int, result: TrainResult, round_: int) -> Trains[TrainResult]:
+    def post_train(self, client_id: int, result: TrainResult, round_: int) -> Work[TrainResult]:
         """τ_head epochs of head-only training; the reported loss stays that of the joint epochs."""
         if self.config.head_epochs == 0:
             return result
@@ -63,7 +61,7 @@ class FedFTHA(Method):
             client_id,
             result.params,
             round_,
-            POST_TRAINING,
+            "post_training",
             epochs=self.config.head_epochs,
             trainable=self.head_parameters,
         )
@@ -86,8 +84,7 @@ class FedFTHA(Method):
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
         """The received body (and head, if sent) over the client's own model."""
-        local = self.store.get(client_id, "model") or {}
-        return {**local, **{k: v.clone() for k, v in message.items()}}
+        return self.received_over_own(client_id, message, {})
 
     def global_model(self, round_: int) -> Params:
         return self.global_params

@@ -1,20 +1,16 @@
 """FedPHP (Li, Zhan, Shao, Li and Song, ECML-PKDD 2021, doi:10.1007/978-3-030-86486-6_36): inherited private models.
-
 Client i keeps a personalized model v_i, the "inherited private model". In round t a sampled client,
 from the global model w^t it received (``local_train``, the step task :class:`FedPHPStep`):
-
 - trains a copy w of w^t for ``federation.local_epochs`` epochs, one SGD step per mini-batch (x, y)
   on (1 − λ) CE(w; x, y) + λ MMD²(φ_w(x), φ_{v_i}(x)): the cross-entropy plus a knowledge transfer
   that pulls w's features φ (the model's body) toward those of the frozen v_i;
 - uploads w, and inherits: v_i ← μ_t v_i + (1 − μ_t) w, with μ_t = μ · min(1, (t − 1) / T) growing
   linearly from 0 in the first training round (``inheritance_weight``; T = ``federation.rounds``, or
   ``method.inheritance_rounds``).
-
 The server averages the uploads as FedAvg. v_i is what the client evaluates (``pre_local_init``:
 the initial model before its first training); the global model gives ``global_accuracy``.
 MMD² is PFLlib's biased estimate over the B × B feature pairs (:func:`mmd`), with the kernel
 k(a, b) = Σ_{s ∈ {10, 15, 20, 50}} exp(−‖a − b‖² / (2s)).
-
 Sources: PFLlib's clientphp.py (the loss, the kernel, μ_t linear in the round, μ_t = 0 at the first
 training round); the authors' FedRepo (algorithms/fedphp.py, train_dir.py: v_i evaluated, the whole
 floating-point state inherited, μ rising to 0.9, λ = 0.1 with MMD). Departures: PFLlib evaluates
@@ -37,7 +33,6 @@ from torch.func import grad
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, MethodConfig, require_plain_steps
 from plfl.methods.fedavg import FedAvg
-from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
 from plfl.tasks import (
     Batch,
@@ -46,7 +41,7 @@ from plfl.tasks import (
     StepOutput,
     StepResult,
     TrainResult,
-    Trains,
+    Work,
     masked_cross_entropy,
     sample_count,
 )
@@ -154,14 +149,14 @@ class FedPHP(FedAvg):
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """The client's own v_i; before its first training, the received global model."""
-        return self.store.get(client_id, "model") or {k: v.clone() for k, v in message.items()}
+        return self.own_model(client_id, message)
 
-    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Work[TrainResult]:
         """w trained from the received w^t (``message``) with knowledge transfer from v_i (``params``),
         uploaded; v_i inherits."""
         cfg, federation = self.config, self.context.federation
         step = FedPHPStep(self.parameter_names, cfg.lam, federation.lr)
-        result: StepResult = yield self.step_task(client_id, step, message, round_, LOCAL_TRAINING, inputs=params)
+        result: StepResult = yield self.step_task(client_id, step, message, round_, "local_training", inputs=params)
         upload = {k: result.state[k] for k in message}
         rounds = federation.rounds if cfg.inheritance_rounds is None else cfg.inheritance_rounds
         mu = inheritance_weight(round_, cfg.mu, rounds)

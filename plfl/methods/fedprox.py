@@ -1,12 +1,10 @@
 """FedProx (Li et al., MLSys 2020, arXiv:1812.06127): FedAvg with a proximal term in local training.
-
 Client k of round t approximately minimises h_k(w; w^t) = F_k(w) + μ/2 ‖w − w^t‖² (Eq. 2),
 w^t the global model it received, so each SGD step adds μ(w − w^t) to the gradient of the
 local cross-entropy F_k. ``local_train`` implements it with
 :class:`plfl.tasks.ProximalTerm` anchored at the server's message; every other hook is
 FedAvg's (the received global model is the local initialisation and what gets evaluated,
 unless ``method.ala`` replaces it). μ = 0 is FedAvg.
-
 Departures: the server averages with FedAvg's sample-size weights over uniformly sampled
 clients, as PFLlib does, where Alg. 2 samples clients by their data share and takes the plain
 mean; every client runs the full ``federation.local_epochs`` (no stragglers doing partial work,
@@ -21,9 +19,8 @@ from typing import Any
 
 from plfl.fields import checked
 from plfl.methods.fedavg import FedAvg, FedAvgConfig
-from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
-from plfl.tasks import ProximalTerm, TrainResult, Trains
+from plfl.tasks import ProximalTerm, TrainResult, Work
 
 
 def proximal_mu() -> Any:
@@ -55,7 +52,7 @@ class FedProx(FedAvg):
     name = "fedprox"
     config_class = FedProxConfig
 
-    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Work[TrainResult]:
         """``federation.local_epochs`` epochs from ``params`` with the proximal term anchored at the
         global model the client received (which ALA may have changed ``params`` from)."""
         proximal = ProximalTerm(message, self.config.mu)
@@ -64,7 +61,7 @@ class FedProx(FedAvg):
                 client_id,
                 params,
                 round_,
-                LOCAL_TRAINING,
+                "local_training",
                 epochs=self.context.federation.local_epochs,
                 proximal=proximal,
             )

@@ -22,7 +22,7 @@ class Local(Method):
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
         # Before its first training every client starts from the same initial model.
-        return self.store.get(client_id, "model") or self.global_params
+        return self.own_model(client_id, self.global_params)
 
     def client_message(self, client_id: int, result: TrainResult, round_: int) -> None:
         return None

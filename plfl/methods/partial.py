@@ -57,8 +57,7 @@ class PartialSharing(FedAvg):
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
         """The received shared keys over the client's own model (the initial model before its first round)."""
-        own = self.store.get(client_id, "model") or self.initial_params
-        return {k: message[k].clone() if k in message else v for k, v in own.items()}
+        return self.received_over_own(client_id, message, self.initial_params)
 
     def client_message(self, client_id: int, result: TrainResult, round_: int) -> Params:
         """The trained model's shared keys."""

@@ -15,7 +15,7 @@ per layer, whether the layer comes from the received global model θ_t or stays 
   exists. Per client c and layer i (a module with parameters, its parameters and floating buffers):
   logits β^c_i ∈ ℝ² (0: load global, 1: keep local), (0, 0) at first, kept in the client's state;
   at each local initialisation α^c_i = softmax((β^c_i + g)/τ_r) with Gumbel noise g drawn per client and
-  round (stream PARTIAL_STRATEGY) and θ_init[i] = α_{i,0} θ_t[i] + α_{i,1} θ^c_{t−1}[i] (``pre_local_init``);
+  round (stream "partial_strategy") and θ_init[i] = α_{i,0} θ_t[i] + α_{i,1} θ^c_{t−1}[i] (``pre_local_init``);
   in local training (``local_train``) θ trains as usual from θ_init on all but a held-back
   ``strategy_fraction`` of the client's samples (drawn per client and round), while β takes
   gradient steps (``strategy_lr``) on the cross-entropy of the mixed model on the held-back samples,
@@ -30,8 +30,8 @@ per layer, whether the layer comes from the received global model θ_t or stays 
 
 FedALA's Table 4 adds ALA (p = 1) to PartialFed, for a gain of 0.14 pp (Tiny-ImageNet) and 0.18 pp
 (CIFAR-100). With ``method.ala`` ALA refines the partial initialisation, taking it as the received model
-(:func:`~plfl.methods.ala.local_aggregation`); under Fix its top p tensors must reach a layer loaded from the
-global model, since on a local layer the initialisation is the client's own model.
+(:class:`~plfl.methods.ala.AdaptiveLocalAggregation`); under Fix its top p tensors must reach a layer loaded
+from the global model, since on a local layer the initialisation is the client's own model.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from plfl.methods.ala import top_names
 from plfl.methods.base import FederationContext
 from plfl.methods.fedavg import FedAvgConfig
 from plfl.methods.partial import PartialSharing, module_keys
-from plfl.seeding import LOCAL_TRAINING, PARTIAL_STRATEGY, derive_seed
+from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import (
     Batch,
@@ -59,7 +59,7 @@ from plfl.tasks import (
     Step,
     StepOutput,
     TrainResult,
-    Trains,
+    Work,
     masked_cross_entropy,
     sample_count,
 )
@@ -188,9 +188,10 @@ class PartialFed(PartialSharing):
         self.adaptive = config.strategy == "adaptive"
         self.layers = layer_keys(context.architecture)
         parameters = {name for name, _ in context.architecture.named_parameters()}
-        if self.ala is not None and set(top_names(context.architecture, self.ala.p)) <= self.local_keys:
+        ala = config.ala
+        if ala is not None and set(top_names(context.architecture, ala.p)) <= self.local_keys:
             raise ConfigError(
-                f"method.ala.p={self.ala.p} lets ALA aggregate only tensors that method.local_layers keeps local, "
+                f"method.ala.p={ala.p} lets ALA aggregate only tensors that method.local_layers keeps local, "
                 "where the received model equals the client's own: ALA would change nothing. Raise method.ala.p "
                 "until it reaches a layer loaded from the global model, or set method.strategy=adaptive."
             )
@@ -219,30 +220,23 @@ class PartialFed(PartialSharing):
             model, lambda name, module: name in wanted or ("bn" in wanted and isinstance(module, _BatchNorm))
         )
 
-    def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params | Trains[Params]:
+    def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """Fix: the received keys over the client's local layers. Adaptive (from round ``warmup_rounds`` on,
-        for a client with a model): every layer mixed by α from the client's β; before, the received model.
-        With ``method.ala``, ALA then refines it."""
+        for a client with a model): every layer mixed by α from the client's β; before, the received model."""
         own = self.store.get(client_id, "model")
         if not self.adaptive:
-            init = super().pre_local_init(client_id, message, round_)
-        elif own is None or round_ < self.config.warmup_rounds:
-            init = {k: v.clone() for k, v in message.items()}
-        else:
-            self.store.set(client_id, PREVIOUS, own)
-            noise, _ = self.draws(client_id, round_)
-            alphas = {
-                layer: relaxed(beta, noise[layer], self.tau(round_), self.hard(round_))
-                for layer, beta in self.strategy(client_id).items()
-            }
-            init = {**message, **mixed(self.layers, alphas, message, own)}
-        if self.ala is None or own is None:
-            return init
-        return self.local_aggregation(client_id, init, own, round_)
+            return super().pre_local_init(client_id, message, round_)
+        if own is None or round_ < self.config.warmup_rounds:
+            return {k: v.clone() for k, v in message.items()}
+        self.store.set(client_id, PREVIOUS, own)
+        noise, _ = self.draws(client_id, round_)
+        alphas = {
+            layer: relaxed(beta, noise[layer], self.tau(round_), self.hard(round_))
+            for layer, beta in self.strategy(client_id).items()
+        }
+        return {**message, **mixed(self.layers, alphas, message, own)}
 
-    def local_train(
-        self, client_id: int, params: Params, message: Optional[Params], round_: int
-    ) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Optional[Params], round_: int) -> Work[TrainResult]:
         """Adaptive after the warm-up: θ trains on all but the held-back samples while β learns on them (one
         request of both tasks); otherwise FedAvg's training."""
         previous = self.store.get(client_id, PREVIOUS)
@@ -258,17 +252,17 @@ class PartialFed(PartialSharing):
         }
         trained, learned = yield [
             self.train_task(
-                client_id, params, round_, LOCAL_TRAINING, epochs=self.context.federation.local_epochs, samples=train
+                client_id, params, round_, "local_training", epochs=self.context.federation.local_epochs, samples=train
             ),
             self.step_task(
                 client_id,
                 step,
                 self.strategy(client_id),
                 round_,
-                PARTIAL_STRATEGY,
+                "partial_strategy",
                 inputs=inputs,
                 shared=message,
-                sample=held,
+                ordered_samples=held,
             ),
         ]
         self.store.set(client_id, STRATEGY, learned.state)
@@ -277,7 +271,7 @@ class PartialFed(PartialSharing):
     def draws(self, client_id: int, round_: int) -> tuple[Params, tuple[torch.Tensor, torch.Tensor]]:
         """The Gumbel noise of the initialisation at ``round_``'s broadcast (layer → (2,)) and the split of the
         client's training samples for the training that follows (training, held-back indices, sorted)."""
-        generator = torch.Generator().manual_seed(derive_seed(self.seed, round_, client_id, PARTIAL_STRATEGY))
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, round_, client_id, "partial_strategy"))
         uniform = torch.rand(len(self.layers), 2, generator=generator).clamp(1e-20, 1 - 1e-7)
         noise = dict(zip(self.layers, -torch.log(-torch.log(uniform))))
         n = self.context.data.clients[client_id].num_train

@@ -1,14 +1,11 @@
 """Per-FedAvg (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020, arXiv:2002.07948): FedAvg of MAML steps.
-
 The clients learn a shared w that one gradient step adapts to each of them: the objective is
 F(w) = 1/n Σ_i f_i(w − α∇f_i(w)), with ∇F_i(w) = (I − α∇²f_i(w)) ∇f_i(w − α∇f_i(w)). Client
 (``local_train``, Algorithm 1, the step task :class:`PerFedAvgStep`): from the received global w,
 each step draws batches D, D′ (, D″),
 takes the temporary step w̃ = w − α∇f_i(w; D), then
-
 - FO (Per-FedAvg (FO)): w ← w − β∇f_i(w̃; D′), the Hessian term dropped;
 - HF (Per-FedAvg (HF)): w ← w − β(I − α∇²f_i(w; D″))∇f_i(w̃; D′).
-
 Server (``aggregate``): FedAvg's average. Evaluated (``pre_local_init``, PFLlib's
 ``evaluate_one_step``): the received w after one step of α on one training batch; the next
 round's training starts from the received w again. As PFLlib's ``clientperavg.py``: a step takes
@@ -33,10 +30,10 @@ from typing import Callable, Optional
 import torch
 from torch.func import grad, grad_and_value
 
+from plfl.batches import has_batch_norm, last_batch_minimum
 from plfl.fields import checked, one_of
 from plfl.methods.base import FederationContext, MethodConfig, require_plain_steps
 from plfl.methods.fedavg import FedAvg
-from plfl.seeding import ADAPTATION, LOCAL_TRAINING
 from plfl.state import Params
 from plfl.tasks import (
     Batch,
@@ -45,7 +42,7 @@ from plfl.tasks import (
     StepOutput,
     StepResult,
     TrainResult,
-    Trains,
+    Work,
     masked_cross_entropy,
     sample_count,
 )
@@ -193,21 +190,28 @@ class PerFedAvg(FedAvg):
         self.beta = lr if config.beta is None else config.beta
         self.batches_per_step = 3 if config.variant == "hf" else 2
         self.parameter_names = tuple(name for name, _ in context.architecture.named_parameters())
+        self.batch_norm = has_batch_norm(context.architecture)
 
-    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Trains[Params]:
+    def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Work[Params]:
         """The evaluated model: the received w after one step of α on one training batch of B samples
-        (stream ADAPTATION)."""
+        (stream "adaptation")."""
         result: StepResult = yield self.step_task(
-            client_id, AdaptationStep(self.parameter_names, self.alpha), message, round_, ADAPTATION, steps=1
+            client_id, AdaptationStep(self.parameter_names, self.alpha), message, round_, "adaptation", steps=1
         )
         return {k: result.state[k] for k in message}
 
-    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Work[TrainResult]:
         """``federation.local_epochs`` passes of Per-FedAvg steps (Algorithm 1) from the received global
         model (``message``), not from ``params`` (the evaluated, adapted one). The loss reported is f(w; D)."""
         k, batch_size = self.batches_per_step, self.context.federation.batch_size
         step = PerFedAvgStep(self.parameter_names, self.alpha, self.beta, k == 3, batch_size)
         result: StepResult = yield self.step_task(
-            client_id, step, message, round_, LOCAL_TRAINING, batch_size=k * batch_size, sub_batches=k
+            client_id,
+            step,
+            message,
+            round_,
+            "local_training",
+            batch_size=k * batch_size,
+            min_last_batch=last_batch_minimum(k * batch_size, self.batch_norm, k),
         )
         return TrainResult({key: result.state[key] for key in message}, result.loss, result.samples_seen)

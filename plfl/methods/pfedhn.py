@@ -36,9 +36,9 @@ from torch import nn
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.hypernetwork import descend
-from plfl.seeding import HYPERNETWORK_INIT, LOCAL_TRAINING, derive_seed
+from plfl.seeding import derive_seed
 from plfl.state import Params
-from plfl.tasks import TrainResult, Trains
+from plfl.tasks import TrainResult, Work
 
 
 @dataclass
@@ -118,7 +118,7 @@ class PFedHN(Method):
         shapes = {name: p.shape for name, p in context.architecture.named_parameters()}
         embedding_dim = config.embedding_dim or int(1 + num_clients / 4)
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, 0, -1, HYPERNETWORK_INIT))
+            torch.manual_seed(derive_seed(self.seed, 0, -1, "hypernetwork_init"))
             self.hypernetwork = HyperNetwork(
                 shapes, num_clients, embedding_dim, config.hidden_dim, config.hidden_layers
             )
@@ -136,14 +136,12 @@ class PFedHN(Method):
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """θ_i over the client's buffers (the initial model's before its first training)."""
-        return {**(self.store.get(client_id, "model") or self.global_params), **message}
+        return self.received_over_own(client_id, message, self.global_params)
 
-    def local_train(
-        self, client_id: int, params: Params, message: Optional[Params], round_: int
-    ) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Optional[Params], round_: int) -> Work[TrainResult]:
         """``federation.local_epochs`` epochs from θ_i (``params``); the upload is Δθ_i = θ_i − θ̃_i."""
         result = yield self.train_task(
-            client_id, params, round_, LOCAL_TRAINING, epochs=self.context.federation.local_epochs
+            client_id, params, round_, "local_training", epochs=self.context.federation.local_epochs
         )
         result.upload = {name: params[name] - result.params[name] for name in self.hypernetwork.shapes}
         return result

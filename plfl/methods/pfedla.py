@@ -59,7 +59,7 @@ from plfl.errors import ConfigError
 from plfl.fields import checked, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.hypernetwork import descend
-from plfl.seeding import HYPERNETWORK_INIT, derive_seed
+from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import TrainResult
 
@@ -235,7 +235,7 @@ class PFedLA(Method):
             key: torch.stack([initial_params[key]] * num_clients) for keys in self.layers.values() for key in keys
         }
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, 0, -1, HYPERNETWORK_INIT))
+            torch.manual_seed(derive_seed(self.seed, 0, -1, "hypernetwork_init"))
             self.hypernetworks = [
                 LayerWeightNet(
                     i,
@@ -271,8 +271,7 @@ class PFedLA(Method):
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """The client's state with the received layers replaced: buffers and retained layers stay local."""
-        local = self.store.get(client_id, "model") or self.global_params
-        return {**local, **message}
+        return self.received_over_own(client_id, message, self.global_params)
 
     def client_message(self, client_id: int, result: TrainResult, round_: int) -> Params:
         """θ_i^new: the trained parameters, all layers (others aggregate the retained ones too), no buffers."""

@@ -1,19 +1,16 @@
 """pFedMe (Dinh, Tran and Nguyen, NeurIPS 2020, arXiv:2006.08848): personalized models from Moreau envelopes.
-
 Client i's objective is the Moreau envelope F_i(w) = min_θ f_i(θ) + λ/2 ‖θ − w‖² of its loss f_i;
 the minimiser θ̂_i(w) is its personalized model. Alg. 1, per round, a sampled client
 starts its local w and θ from the received global Θ and, per mini-batch D of
 ``federation.local_epochs`` epochs (``local_train``, the step task :class:`PFedMeStep`):
-
 - θ ≈ argmin_θ f_i(θ; D) + λ/2 ‖θ − w‖² by K gradient steps
   θ ← θ − lr_p (∇f_i(θ; D) + λ (θ − w)) (``inner_solution``; K = ``method.k``,
   lr_p = ``method.personal_lr``), warm-started from the previous batch's θ;
 - w ← w − η λ (w − θ) (``local_update``; η = ``federation.lr``); w is uploaded.
-
 Server (``aggregate``): Θ ← (1 − β) Θ + β Θ̄, Θ̄ the uploads' mean (``beta_mix``; β = ``method.beta``).
 The client keeps and evaluates its last θ (``pre_local_init``); the global Θ is evaluated on all
 clients' test data. Batches come from the one batch order of every method's local training
-(stream LOCAL_TRAINING); the steps are functional (torch.func) plain gradient steps, so
+(stream "local_training"); the steps are functional (torch.func) plain gradient steps, so
 ``federation.momentum`` must be 0. The reported loss is f_i(θ; D) averaged over all
 inner steps; BatchNorm statistics, if any, follow the inner steps and go with both θ and w.
 Departures: Θ̄ is the sample-weighted mean, as PFLlib computes it (Alg. 1: the
@@ -33,7 +30,6 @@ from torch.func import grad_and_value
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, MethodConfig, require_plain_steps
 from plfl.methods.fedavg import FedAvg
-from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
 from plfl.tasks import (
     Batch,
@@ -42,7 +38,7 @@ from plfl.tasks import (
     StepOutput,
     StepResult,
     TrainResult,
-    Trains,
+    Work,
     masked_cross_entropy,
     sample_count,
 )
@@ -158,16 +154,16 @@ class PFedMe(FedAvg):
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """The client's own θ; before its first training, the received global model."""
-        return self.store.get(client_id, "model") or {k: v.clone() for k, v in message.items()}
+        return self.own_model(client_id, message)
 
-    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Work[TrainResult]:
         """Alg. 1's client: from w = θ = Θ (``message``), per mini-batch K inner steps for θ, then one step of w."""
         cfg = self.config
         step = PFedMeStep(self.parameter_names, cfg.lam, cfg.k, cfg.personal_lr, self.context.federation.lr)
         start = {k: message[k] for k in self.parameter_names}
         buffers = {k: v for k, v in message.items() if k not in start}
         state = {**buffers, **prefixed(start, "theta"), **prefixed(start, "w")}
-        result: StepResult = yield self.step_task(client_id, step, state, round_, LOCAL_TRAINING)
+        result: StepResult = yield self.step_task(client_id, step, state, round_, "local_training")
         theta, w = (model_of(result.state, part, list(message)) for part in ("theta", "w"))
         return TrainResult(theta, result.loss, result.samples_seen, upload=w)
 

@@ -1,5 +1,4 @@
 """Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware personalized federated learning.
-
 "Self-Aware Personalized Federated Learning", arXiv:2204.08069, Sections 2–3 and Algorithm 1. The
 paper's two-level Gaussian model (Eq. 1): θ_m ~ N(θ_0, σ_0²) across clients,
 client m's local optimum z_m ~ N(θ_m, σ_m²). Precision weights
@@ -7,7 +6,6 @@ w_m = (σ_0² + σ_m²)⁻¹ and W = Σ_m w_m drive three rules: the leave-one-o
 initialisation of local training (Eq. 9–10), the number of local steps
 (Eq. 8/16) and the variance-weighted aggregation (Eq. 11). The variances are
 estimated online from the uploaded models (Eq. 13–14).
-
 Variances of multi-dimensional models are scalars: the per-coordinate sample
 variance averaged over all floating-point coordinates (the paper's trace
 divided by the number of coordinates; the rules only use ratios of
@@ -27,9 +25,8 @@ from plfl.errors import ConfigError
 from plfl.fields import checked, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.fedavg import weighted_average
-from plfl.seeding import LOCAL_TRAINING
 from plfl.state import Params
-from plfl.tasks import TrainResult, Trains
+from plfl.tasks import TrainResult, Work
 
 # Scalars riding along with the models, as 0-dim float64 tensors (bytes are counted).
 SIGMA_SQ = "selffl/sigma_sq"  # upload: σ_m² (NaN while the client has fewer than two uploads)
@@ -220,7 +217,7 @@ class SelfFL(Method):
             return {k: v.clone() for k, v in message.items() if k not in SCALARS}
         return self.store.get(client_id, "model")
 
-    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Trains[TrainResult]:
+    def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Work[TrainResult]:
         """l_m SGD steps from INIT_m (FedAvg's epochs from Θ^{t-1} in the warm-up), then update σ_m²;
         ``message``: Θ^{t-1}, σ_0² and W as received."""
         global_params = {k: v for k, v in message.items() if k not in SCALARS}
@@ -230,7 +227,7 @@ class SelfFL(Method):
         else:
             share, rule_steps = plan
             start = loo_init(global_params, params, share) if self.config.init == "loo" else global_params
-            result = yield self.train_task(client_id, start, round_, LOCAL_TRAINING, steps=self.clipped(rule_steps))
+            result = yield self.train_task(client_id, start, round_, "local_training", steps=self.clipped(rule_steps))
         self.store.set(client_id, "selffl_rule_steps", None if plan is None else plan[1])
         count, mean, m2 = welford_update(
             self.store.get(client_id, "selffl_count", 0),
