@@ -19,7 +19,7 @@ import torch
 
 from plfl.errors import PlflWarning
 
-Step = Callable[[], None]
+LockStep = Callable[[], None]  # one lock-step step: reads and writes tensors that outlive it
 
 
 class StepGraphs:
@@ -31,10 +31,10 @@ class StepGraphs:
     def __init__(self, capture: bool, warmup: Optional[int] = None):
         self.capture = capture
         self.warmup = (3 if capture else 0) if warmup is None else warmup  # PyTorch's examples warm up 3 times
-        self.replays: dict[Hashable, Step] = {}
+        self.replays: dict[Hashable, LockStep] = {}
         self.pool = torch.cuda.graph_pool_handle() if capture else None  # graphs share memory: steps keep nothing
 
-    def __call__(self, key: Hashable, step: Step, mutated: Callable[[], list[torch.Tensor]]) -> None:
+    def __call__(self, key: Hashable, step: LockStep, mutated: Callable[[], list[torch.Tensor]]) -> None:
         """Run ``key``'s recorded step (``step`` the first time); ``mutated()``: the tensors a step writes, which
         a warm-up must leave as it found them."""
         replay = self.replays.get(key)
@@ -46,7 +46,7 @@ class StepGraphs:
         """Forget every recorded step (the tensors they read or write were replaced)."""
         self.replays.clear()
 
-    def _record(self, step: Step, mutated: list[torch.Tensor]) -> Step:
+    def _record(self, step: LockStep, mutated: list[torch.Tensor]) -> LockStep:
         if not self.capture and not self.warmup:
             return step
         saved = [t.clone() for t in mutated]
@@ -59,7 +59,7 @@ class StepGraphs:
         finally:
             _copy(mutated, saved)
 
-    def _warm_up_and_capture(self, step: Step) -> Step:
+    def _warm_up_and_capture(self, step: LockStep) -> LockStep:
         stream = torch.cuda.Stream() if self.capture else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())  # the warm-up overwrites what was saved
@@ -79,7 +79,7 @@ class StepGraphs:
         return graph.replay
 
     @staticmethod
-    def _replays_as_eager(replay: Step, step: Step, mutated: list[torch.Tensor], saved: list[torch.Tensor]) -> bool:
+    def _replays_as_eager(replay: LockStep, step: LockStep, mutated: list[torch.Tensor], saved: list[torch.Tensor]) -> bool:
         """Whether one replay from ``saved`` writes what one eager step from it does, by each tensor's sum and sum
         of magnitudes (no second copy of a cohort's state), to float rounding (some CUDA kernels sum in varying
         order): a capture that went wrong silently must not train anyone."""
