@@ -79,7 +79,9 @@ class StepGraphs:
         return graph.replay
 
     @staticmethod
-    def _replays_as_eager(replay: LockStep, step: LockStep, mutated: list[torch.Tensor], saved: list[torch.Tensor]) -> bool:
+    def _replays_as_eager(
+        replay: LockStep, step: LockStep, mutated: list[torch.Tensor], saved: list[torch.Tensor]
+    ) -> bool:
         """Whether one replay from ``saved`` writes what one eager step from it does, by each tensor's sum and sum
         of magnitudes (no second copy of a cohort's state), to float rounding (some CUDA kernels sum in varying
         order): a capture that went wrong silently must not train anyone."""
