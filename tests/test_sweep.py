@@ -51,14 +51,14 @@ def run_dirs(tmp_path: Path) -> set[Path]:
 
 
 def fake_training(calls: list, fail=lambda cfg: False, interrupt_at=None):
-    """A stand-in for run_experiment: makes a run directory, records the call, scores -|log10(lr) + 2|;
-    the ``interrupt_at``-th call is interrupted."""
+    """A stand-in for run_experiment: writes config.yaml to its run directory, records the call, scores
+    -|log10(lr) + 2|; the ``interrupt_at``-th call is interrupted before it writes anything."""
 
-    def run(cfg):
+    def run(cfg, resume=None, run_dir=None):
         calls.append((cfg.federation.lr, cfg.method.name))
         if len(calls) == interrupt_at:
             raise SystemExit(1)  # what Lightning's Trainer raises on Ctrl+C during a fit
-        run_dir = plfl.experiment.new_run_dir(Path(cfg.output_dir) / cfg.name)
+        run_dir = resume or run_dir or plfl.experiment.new_run_dir(Path(cfg.output_dir) / cfg.name)
         OmegaConf.save(cfg, run_dir / "config.yaml")
         if fail(cfg):
             raise RuntimeError("diverged")
@@ -126,7 +126,8 @@ def test_an_interrupted_sweep_continues_and_a_failing_trial_is_recorded(tmp_path
     monkeypatch.setattr(plfl.experiment, "run_experiment", fake_training(calls, interrupt_at=3))
     assert main(["sweep", str(path)]) == 130
     assert "interrupted; finished trials are saved; run the same command again" in capsys.readouterr().err
-    assert [r["status"] for r in rows(tmp_path)] == ["completed", "completed"]  # saved before the interruption
+    # Saved before the interruption; the interrupted trial is known, with its parameters.
+    assert [r["status"] for r in rows(tmp_path)] == ["completed", "completed", "running"]
 
     calls.clear()
     failing = fake_training(calls, fail=lambda cfg: cfg.federation.lr == 0.1 and cfg.method.name == "local")
