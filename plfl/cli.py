@@ -246,7 +246,7 @@ def sweep(args: argparse.Namespace) -> int:
 COMMANDS = {"fit": fit, "sweep": sweep, "compare": compare, "report": report, "methods": methods}
 INTERRUPTED = {
     "fit": "rounds finished so far are in the run directory; plfl fit --resume RUN_DIR continues",
-    "sweep": "finished trials are saved; run the same command again to continue",
+    "sweep": "finished trials are saved; run the same command again to continue, the stopped trials first",
     "compare": "nothing was written",
     "report": "the report may be incomplete; run the command again",
     "methods": "nothing was written",

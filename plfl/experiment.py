@@ -23,20 +23,24 @@ from plfl.models import build_model
 from plfl.state import ClientStateStore
 
 
-def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path, dict[str, Any]]:
+def run_experiment(
+    cfg: DictConfig, resume: Optional[Path] = None, run_dir: Optional[Path] = None
+) -> tuple[Path, dict[str, Any]]:
     """Load the data, build model, method and callbacks, and run the federation.
 
     Everything that can fail on bad input (data files, model/data mismatch,
     method options, the checkpoint to resume from) is checked before the run
-    directory is created or, on resume, changed.
+    directory is created or, on resume or with ``run_dir``, written to.
 
     Args:
         cfg: a validated config (:func:`plfl.config.load_config`, or :func:`plfl.config.resume_config`).
         resume: a run directory to continue from its newest intact checkpoint
             (it must have been run with ``cfg``'s data, model and method).
+        run_dir: the empty directory a new run writes to, made by the caller so that it is known before the run
+            starts (``plfl sweep`` records its trials' directories); default: a new ``<output_dir>/<name>/<time>/``.
 
     Returns:
-        The run directory (``<output_dir>/<name>/<time>/``, or ``resume``) and the summary.
+        The run directory (``<output_dir>/<name>/<time>/``, ``resume`` or ``run_dir``) and the summary.
 
     Raises:
         PlflError: bad data or config, or nothing to resume (nothing is written).
@@ -65,7 +69,7 @@ def run_experiment(cfg: DictConfig, resume: Optional[Path] = None) -> tuple[Path
     method = build_method(config.method, context, initial_params)
     executor = build_executor(config, data, model)
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
-        run_dir = resume or new_run_dir(Path(cfg.output_dir) / cfg.name)
+        run_dir = resume or run_dir or new_run_dir(Path(cfg.output_dir) / cfg.name)
         write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
         if config.federation.state_offload:

@@ -6,15 +6,18 @@ trial (grid, random or bayes) with no server; the trial runs in this process
 exactly as ``plfl fit --config <the command's config> <the command's key=value
 args> <trial parameters> <extra overrides>`` would, and its summary metric goes
 back to the engine. The sweep directory ``<output_dir>/sweeps/<file stem>/``
-holds ``trials.json`` (the state, rewritten after every trial, from which an
-interrupted sweep continues), ``results.csv`` and ``results.md``. With
-``--parallel N`` up to N trials run at once, each as a Ray task (one CPU, its
-own worker process) on a Ray started on this machine; the engine proposes
-each new trial knowing the running ones, so a grid never proposes one twice.
+holds ``trials.json`` (the state, rewritten when a trial starts and when it
+ends, from which an interrupted sweep continues: its running trials first,
+with their parameters and run directories), ``results.csv`` and
+``results.md``. With ``--parallel N`` up to N trials run at once, each as a
+Ray task (one CPU, its own worker process) on a Ray started on this machine;
+the engine proposes each new trial knowing the running ones, so a grid never
+proposes one twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,7 +30,7 @@ import yaml
 
 from plfl.callbacks.files import csv_text, write_atomically
 from plfl.cluster import connect, import_ray, wait
-from plfl.config import load_config
+from plfl.config import load_config, resume_config
 from plfl.errors import ConfigError, PlflError
 
 with warnings.catch_warnings():
@@ -206,9 +209,12 @@ def run_sweep(
         parallel: how many trials run at once; above 1 each runs as a Ray task on a Ray started on this
             machine with ``parallel`` CPUs (or on the Ray this process is connected to).
 
-    A trial that raises is recorded as failed with its error and the sweep
-    goes on; a stopping signal (:class:`plfl.stopping.Stopped`) or KeyboardInterrupt stops it with the
-    finished trials saved (running trials are stopped and run again by the next invocation).
+    Each trial is recorded (status ``running``, parameters, run directory) before it starts. A trial that
+    raises is recorded as failed with its error and the sweep goes on; a stopping signal
+    (:class:`plfl.stopping.Stopped`) or KeyboardInterrupt stops it with the running trials stopped and still
+    recorded as running. An invocation first finishes the trials an earlier one left running, with their
+    parameters: from the newest checkpoint in their run directory as ``plfl fit --resume`` does, or, without
+    one, from the start in a new run directory. Only then does the engine propose new trials.
 
     Raises:
         ConfigError: a bad sweep file (see :func:`load_sweep`), a bad config or
@@ -261,21 +267,41 @@ def run_sweep(
     trials = _load_trials(sweep_dir, identity)
     if retry_failed:
         trials = [t for t in trials if t["status"] != "failed"]
+    unfinished = [t for t in trials if t["status"] == "running"]  # left by an interrupted or killed invocation
     runner = RayTrials(ray, parallel) if ray is not None else InProcessTrials()
     try:
         while True:
-            while len(runner.running) < parallel and (count is None or len(trials) + len(runner.running) < count):
-                parameters = _propose(sweep, trials, list(runner.running.values()))
-                if parameters is None:
+            while len(runner.running) < parallel:
+                if unfinished:
+                    trial = unfinished.pop(0)
+                    args = [_arg(k, v) for k, v in trial["parameters"].items()]
+                    resume = _has_checkpoint(trial["run_dir"])
+                    if resume:
+                        note = f" (continues {trial['run_dir']} from its newest checkpoint)"
+                    else:
+                        _unless_empty(trial["run_dir"])  # one holding the interrupted run's files stays
+                        trial["run_dir"] = _new_run_dir(sweep, fixed + args)
+                        note = " (again from the start: its run left no checkpoint)"
+                elif count is None or len(trials) < count:
+                    parameters = _propose(sweep, trials)
+                    if parameters is None:
+                        break
+                    args = [_arg(k, v) for k, v in parameters.items()]
+                    number = max((t["trial"] for t in trials), default=0) + 1
+                    trial = _running(sweep, number, parameters, _new_run_dir(sweep, fixed + args))
+                    trials.append(trial)
+                    resume, note = False, ""
+                else:
                     break
-                number = max([t["trial"] for t in trials] + list(runner.running), default=0) + 1
-                args = [_arg(k, v) for k, v in parameters.items()]
-                echo(f"Trial {number}: {' '.join(args)}")
-                runner.submit(number, parameters, sweep, fixed + args)
+                echo(f"Trial {trial['trial']}: {' '.join(args)}{note}")
+                # Recorded before it runs, so that the next invocation finishes it if this one is stopped or killed.
+                _save(sweep_dir, identity, SweepResult(sweep, sweep_dir, trials))
+                runner.submit(trial["trial"], sweep, fixed + args, trial["run_dir"], resume)
             if not runner.running:
                 break
-            number, parameters, trial = runner.next_finished(sweep)
-            trials = sorted(trials + [{"trial": number, "parameters": parameters, **trial}], key=lambda t: t["trial"])
+            number, outcome = runner.next_finished(sweep)
+            trial = next(t for t in trials if t["trial"] == number)
+            trial.update(outcome)
             _save(sweep_dir, identity, SweepResult(sweep, sweep_dir, trials))
             if trial["status"] == "completed":
                 m = trial["metrics"]
@@ -307,22 +333,63 @@ def _set_constant_parameters(sweep: Sweep, overrides: list[str]) -> list[str]:
     return rest
 
 
+def _running(sweep: Sweep, number: int, parameters: dict[str, Any], run_dir: Optional[str]) -> dict[str, Any]:
+    """The record of a trial that starts now (the table's columns of a finished one, empty)."""
+    return {
+        "trial": number,
+        "parameters": parameters,
+        "status": "running",
+        "metrics": _no_metrics(sweep),
+        "run_dir": run_dir,
+        "error": None,
+    }
+
+
+def _new_run_dir(sweep: Sweep, overrides: list[str]) -> Optional[str]:
+    """A new ``<output_dir>/<name>/<time>/`` for a trial run with ``overrides``, made now so that the sweep
+    records it before the trial starts; None when they do not give a valid config (the trial then fails with
+    that error)."""
+    from plfl.experiment import new_run_dir  # imports torch and Lightning: only once the sweep is checked
+
+    try:
+        cfg = load_config(sweep.config_path, overrides)
+    except ConfigError:
+        return None
+    return str(new_run_dir(Path(cfg.output_dir) / cfg.name))
+
+
+def _has_checkpoint(run_dir: Optional[str]) -> bool:
+    """Whether ``run_dir`` holds a checkpoint to continue the trial from."""
+    from plfl.checkpoint import list_checkpoints
+
+    return run_dir is not None and bool(list_checkpoints(Path(run_dir) / "checkpoints"))
+
+
+def _unless_empty(run_dir: Optional[str]) -> Optional[str]:
+    """``run_dir`` where it holds files; else None, the empty directory removed (the sweep made it for a trial
+    that wrote nothing there)."""
+    if run_dir is None:
+        return None
+    with contextlib.suppress(OSError):  # not empty, or already gone
+        Path(run_dir).rmdir()
+    return run_dir if Path(run_dir).is_dir() else None
+
+
 class InProcessTrials:
     """Runs each submitted trial in this process when its result is asked for (``--parallel 1``)."""
 
     def __init__(self):
-        self.running: dict[int, dict[str, Any]] = {}  # trial number → parameters
-        self.overrides: list[str] = []
+        self.running: dict[int, tuple[list[str], Optional[str], bool]] = {}  # number → overrides, run_dir, resume
 
-    def submit(self, number: int, parameters: dict[str, Any], sweep: Sweep, overrides: list[str]) -> None:
-        self.running[number], self.overrides = parameters, overrides
+    def submit(self, number: int, sweep: Sweep, overrides: list[str], run_dir: Optional[str], resume: bool) -> None:
+        self.running[number] = overrides, run_dir, resume
 
-    def next_finished(self, sweep: Sweep) -> tuple[int, dict[str, Any], dict[str, Any]]:
-        """(trial number, parameters, outcome) of the submitted trial, run now."""
-        from plfl.experiment import run_experiment  # imports torch and Lightning: only once the sweep is checked
+    def next_finished(self, sweep: Sweep) -> tuple[int, dict[str, Any]]:
+        """(trial number, outcome) of the submitted trial, run now."""
+        from plfl.experiment import run_experiment
 
-        number, parameters = self.running.popitem()
-        return number, parameters, _run_trial(run_experiment, sweep, self.overrides)
+        number, (overrides, run_dir, resume) = self.running.popitem()
+        return number, _run_trial(run_experiment, sweep, overrides, run_dir, resume)
 
     def close(self) -> None:
         """Nothing runs in the background."""
@@ -336,16 +403,16 @@ class RayTrials:
         self.ray = ray
         self.started = connect(ray, "local", parallel)
         self.task = ray.remote(num_cpus=1)(_run_trial_in_worker)
-        self.running: dict[int, dict[str, Any]] = {}  # trial number → parameters
+        self.running: dict[int, Optional[str]] = {}  # trial number → run directory
         self.numbers: dict[Any, int] = {}  # ObjectRef → trial number
 
-    def submit(self, number: int, parameters: dict[str, Any], sweep: Sweep, overrides: list[str]) -> None:
+    def submit(self, number: int, sweep: Sweep, overrides: list[str], run_dir: Optional[str], resume: bool) -> None:
         environment = {k: os.environ[k] for k in ("WANDB_MODE",) if k in os.environ}  # the CLI's offline default
-        self.numbers[self.task.remote(os.getcwd(), environment, sweep, overrides)] = number
-        self.running[number] = parameters
+        self.numbers[self.task.remote(os.getcwd(), environment, sweep, overrides, run_dir, resume)] = number
+        self.running[number] = run_dir
 
-    def next_finished(self, sweep: Sweep) -> tuple[int, dict[str, Any], dict[str, Any]]:
-        """(trial number, parameters, outcome) of the next trial to finish.
+    def next_finished(self, sweep: Sweep) -> tuple[int, dict[str, Any]]:
+        """(trial number, outcome) of the next trial to finish.
 
         Raises:
             PlflError: what the trial raised beyond a failed run (a metric missing from summary.json).
@@ -356,9 +423,12 @@ class RayTrials:
             if isinstance(trial.cause, PlflError):
                 raise trial.cause from None
             raise trial
+        run_dir = self.running.pop(number)
         if isinstance(trial, self.ray.exceptions.RayError):  # its worker process died (e.g. out of memory)
-            trial = _failed(sweep, None, f"{type(trial).__name__}: {str(trial).strip().splitlines()[0]}")
-        return number, self.running.pop(number), trial
+            trial = _failed(
+                sweep, _unless_empty(run_dir), f"{type(trial).__name__}: {str(trial).strip().splitlines()[0]}"
+            )
+        return number, trial
 
     def close(self) -> None:
         """Stop the running trials, and Ray if this sweep started it."""
@@ -368,42 +438,55 @@ class RayTrials:
             self.ray.shutdown()
 
 
-def _run_trial_in_worker(cwd: str, environment: dict[str, str], sweep: Sweep, overrides: list[str]) -> dict[str, Any]:
+def _run_trial_in_worker(
+    cwd: str, environment: dict[str, str], sweep: Sweep, overrides: list[str], run_dir: Optional[str], resume: bool
+) -> dict[str, Any]:
     """A trial in a Ray worker, from the sweep's working directory (relative paths) and environment."""
     from plfl.experiment import run_experiment
 
     os.chdir(cwd)
     os.environ.update(environment)
-    return _run_trial(run_experiment, sweep, overrides)
+    return _run_trial(run_experiment, sweep, overrides, run_dir, resume)
 
 
-def _failed(sweep: Sweep, run_dir: Optional[Path], error: str) -> dict[str, Any]:
-    # Failed trials get the same (empty) metric columns, so the table's columns do not depend on which failed.
-    names = dict.fromkeys(SUMMARY_COLUMNS + ((sweep.metric,) if sweep.metric else ()))
-    return {"status": "failed", "metrics": names, "run_dir": run_dir and str(run_dir), "error": error}
+def _no_metrics(sweep: Sweep) -> dict[str, None]:
+    # Unfinished and failed trials get the same (empty) metric columns, so the table's columns do not depend on
+    # which trials completed.
+    return dict.fromkeys(SUMMARY_COLUMNS + ((sweep.metric,) if sweep.metric else ()))
 
 
-def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> dict[str, Any]:
-    """Run one trial as ``plfl fit`` would; any failure becomes ``status: failed`` with the error."""
-    names = dict.fromkeys(SUMMARY_COLUMNS + ((sweep.metric,) if sweep.metric else ()))
-    run_dir = None
+def _failed(sweep: Sweep, run_dir: Optional[str], error: str) -> dict[str, Any]:
+    return {"status": "failed", "metrics": _no_metrics(sweep), "run_dir": run_dir, "error": error}
+
+
+def _run_trial(
+    run_experiment: Callable, sweep: Sweep, overrides: list[str], run_dir: Optional[str], resume: bool
+) -> dict[str, Any]:
+    """Run one trial as ``plfl fit`` would, in ``run_dir`` (made by the sweep; None: the overrides do not give a
+    valid config). With ``resume``, continue the run there from its newest checkpoint with its own config.yaml,
+    as ``plfl fit --resume run_dir`` does; a run there that completed after the sweep's last record of it is
+    taken as it is. Any failure becomes ``status: failed`` with the error (and ``run_dir``, unless the run
+    wrote nothing there).
+
+    Raises:
+        ConfigError: the sweep's metric is not in the run's summary.json.
+    """
     try:
-        cfg = load_config(sweep.config_path, overrides)
-        parent = Path(cfg.output_dir) / cfg.name
-        before = set(parent.iterdir()) if parent.is_dir() else set()
-        try:
-            run_dir, summary = run_experiment(cfg)
-        except SystemExit as e:
-            # Without plfl's signal handlers (run_sweep called from Python), Lightning's Trainer turns Ctrl+C
-            # during a fit into sys.exit(1): stop the sweep, trial unrecorded.
-            raise KeyboardInterrupt from e
-        except Exception:
-            # run_experiment names its run directory only on success; a failure's partial results are in the new one.
-            new = set(parent.iterdir()) - before if parent.is_dir() else set()
-            run_dir = new.pop() if len(new) == 1 else None
-            raise
+        if resume:
+            summary_file = Path(run_dir) / "summary.json"
+            summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+            if summary.get("status") != "completed":
+                _, summary = run_experiment(resume_config(Path(run_dir)), resume=Path(run_dir))
+        else:
+            cfg = load_config(sweep.config_path, overrides)
+            made, summary = run_experiment(cfg, run_dir=run_dir and Path(run_dir))
+            run_dir = str(made)
+    except SystemExit as e:
+        # Without plfl's signal handlers (run_sweep called from Python), Lightning's Trainer turns Ctrl+C during a
+        # fit into sys.exit(1): stop the sweep, the trial still recorded as running.
+        raise KeyboardInterrupt from e
     except Exception as e:  # noqa: BLE001  a failing trial must not end the sweep
-        return _failed(sweep, run_dir, f"{type(e).__name__}: {e}")
+        return _failed(sweep, _unless_empty(run_dir), f"{type(e).__name__}: {e}")
     if sweep.metric is not None and sweep.metric not in summary:
         numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
         raise ConfigError(
@@ -412,28 +495,23 @@ def _run_trial(run_experiment: Callable, sweep: Sweep, overrides: list[str]) -> 
         )
     return {
         "status": "completed",
-        "metrics": {k: summary.get(k) for k in names},
-        "run_dir": str(run_dir),
+        "metrics": {k: summary.get(k) for k in _no_metrics(sweep)},
+        "run_dir": run_dir,
         "error": None,
     }
 
 
-def _propose(
-    sweep: Sweep, trials: list[dict[str, Any]], running: list[dict[str, Any]] = ()
-) -> Optional[dict[str, Any]]:
-    """The engine's next parameters given the recorded trials and the parameters of the running ones (a grid
-    skips them, bayes treats them as pending); None when a grid is exhausted."""
+def _propose(sweep: Sweep, trials: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The engine's next parameters given the recorded trials, running ones included (a grid skips them, bayes
+    treats them as pending); None when a grid is exhausted."""
+    states = {"completed": RunState.finished, "running": RunState.running, "failed": RunState.failed}
     runs = [
         SweepRun(
             config={k: {"value": v} for k, v in t["parameters"].items()},
-            state=RunState.finished if t["status"] == "completed" else RunState.failed,
+            state=states[t["status"]],
             summary_metrics={k: v for k, v in t["metrics"].items() if v is not None},
         )
         for t in trials
-    ]
-    runs += [
-        SweepRun(config={k: {"value": v} for k, v in parameters.items()}, state=RunState.running)
-        for parameters in running
     ]
     try:
         with warnings.catch_warnings():

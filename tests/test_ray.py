@@ -264,6 +264,46 @@ def test_a_parallel_sweep_gives_the_sequential_results_and_resumes(local_ray, tm
     assert sorted((two / "out").glob("*/*/summary.json")) == finished
 
 
+def test_a_stopped_parallel_sweep_continues_its_running_trials_with_their_parameters(
+    local_ray, tmp_path, monkeypatch, capsys
+):
+    path = write_sweep(tmp_path, {"federation.lr": {"values": [0.01, 0.03, 0.1]}})
+    rounds = 20  # a trial's rounds last seconds: both are still running when the sweep stops
+    ray_wait = ray.wait
+
+    def wait_then_ctrl_c(*args, **kwargs):
+        # The sweep waits for its trials in half-second pieces: Ctrl+C once both have checkpointed a trained round.
+        saved = {
+            p.parents[1] for p in (tmp_path / "out").glob("*/*/checkpoints/round-*.pt") if p.name != "round-00000.pt"
+        }
+        if len(saved) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return ray_wait(*args, **kwargs)
+
+    monkeypatch.setattr(ray, "wait", wait_then_ctrl_c)
+    assert main(["sweep", str(path), "--parallel", "2", f"federation.rounds={rounds}"]) == 130
+    monkeypatch.setattr(ray, "wait", ray_wait)
+    stopped = json.loads((tmp_path / "out" / "sweeps" / "sweep" / "trials.json").read_text())["trials"]
+    assert [(t["trial"], t["status"]) for t in stopped] == [(1, "running"), (2, "running")]
+    first_rounds = {t["run_dir"]: (Path(t["run_dir"]) / "metrics.csv").read_text().splitlines()[:3] for t in stopped}
+
+    assert main(["sweep", str(path), "--parallel", "2", f"federation.rounds={rounds}"]) == 0
+    out = capsys.readouterr().out
+    trials = json.loads((tmp_path / "out" / "sweeps" / "sweep" / "trials.json").read_text())["trials"]
+    for before, after in zip(stopped, trials):
+        assert (after["parameters"], after["run_dir"], after["status"]) == (
+            before["parameters"],
+            before["run_dir"],
+            "completed",
+        )
+        assert f"(continues {after['run_dir']} from its newest checkpoint)" in out
+        metrics = (Path(after["run_dir"]) / "metrics.csv").read_text().splitlines()
+        assert metrics[:3] == first_rounds[after["run_dir"]] and len(metrics) == 1 + rounds + 1
+    # The third trial was proposed while the continued ones ran: a grid value of its own.
+    assert sorted(t["parameters"]["federation.lr"] for t in trials) == [0.01, 0.03, 0.1]
+    assert len(list((tmp_path / "out").glob("*/*/summary.json"))) == 3
+
+
 def test_ctrl_c_stops_the_run_and_the_ray_it_started(tmp_path):
     ray_dir = tempfile.mkdtemp(prefix="plfl-ray-")
     args = [sys.executable, "-m", "plfl.cli", "fit", "--config", str(tiny_config(tmp_path, 200)), "ray.num_actors=1"]

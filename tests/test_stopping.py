@@ -109,7 +109,7 @@ def test_a_signal_mid_epoch_stops_the_run_within_seconds_and_resume_finishes_it(
     assert results(run_dir) == uninterrupted
 
 
-def test_a_sweep_stops_on_a_signal_and_its_next_invocation_runs_the_trial_again(tmp_path):
+def test_a_sweep_stops_on_a_signal_and_its_next_invocation_continues_the_trial(tmp_path):
     (tmp_path / "configs").mkdir()
     config(tmp_path).rename(tmp_path / "configs" / "slow.yaml")
     (tmp_path / "sweep.yaml").write_text(
@@ -124,8 +124,10 @@ def test_a_sweep_stops_on_a_signal_and_its_next_invocation_runs_the_trial_again(
     process = plfl("sweep", "sweep.yaml", cwd=tmp_path)
     seconds, out, err = stop_mid_epoch(process, tmp_path / "sequential" / "slow", signal.SIGINT)
     assert process.returncode == 130 and seconds < STOP_WITHIN_S, err
+    (run_dir,) = (tmp_path / "sequential" / "slow").iterdir()
     assert err.strip().splitlines()[-1] == (
-        "Stopped by SIGINT; finished trials are saved; run the same command again to continue."
+        "Stopped by SIGINT; finished trials are saved; run the same command again to continue, "
+        "the stopped trials first."
     )
     again = subprocess.run(
         [sys.executable, "-m", "plfl.cli", "sweep", "sweep.yaml"],
@@ -133,7 +135,7 @@ def test_a_sweep_stops_on_a_signal_and_its_next_invocation_runs_the_trial_again(
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
     (trial,) = json.loads((tmp_path / "sequential" / "sweeps" / "sweep" / "trials.json").read_text())["trials"]
-    assert trial["status"] == "completed"
+    assert (trial["status"], trial["run_dir"]) == ("completed", str(run_dir))  # from its checkpoint of round 0
 
 
 def test_a_second_signal_ends_the_process_at_once():

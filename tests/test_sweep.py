@@ -3,20 +3,25 @@
 import csv
 import json
 import math
+import os
+import signal
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
 import plfl.experiment
+from plfl.callbacks import FederationCallback
 from plfl.cli import main
 from plfl.errors import ConfigError
-from plfl.sweep import run_sweep
+from plfl.sweep import SEARCH_METHODS, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {"federation.lr": {"values": [0.01, 0.1]}, "method.name": {"values": ["fedavg", "local"]}}
 COMBINATIONS = {(0.01, "fedavg"), (0.01, "local"), (0.1, "fedavg"), (0.1, "local")}
+LOG_LR = {"distribution": "log_uniform_values", "min": 0.001, "max": 0.1}
 
 
 def write_sweep(tmp_path: Path, parameters=GRID, command_args=("${args_no_hyphens}",), **keys) -> Path:
@@ -50,15 +55,45 @@ def run_dirs(tmp_path: Path) -> set[Path]:
     return {p.parent for p in (tmp_path / "out").glob("*/*/config.yaml")}
 
 
-def fake_training(calls: list, fail=lambda cfg: False, interrupt_at=None):
-    """A stand-in for run_experiment: makes a run directory, records the call, scores -|log10(lr) + 2|;
-    the ``interrupt_at``-th call is interrupted."""
+def recorded_trials(tmp_path: Path) -> list[dict]:
+    """The trials in the sweep's trials.json."""
+    return json.loads((tmp_path / "out" / "sweeps" / "sweep" / "trials.json").read_text())["trials"]
 
-    def run(cfg):
+
+def lr_search(method: str, values=(0.01, 0.1)) -> dict:
+    """The sweep's parameters: federation.lr over ``values`` for a grid, log-uniform over [0.001, 0.1] else."""
+    return {"federation.lr": {"values": list(values)} if method == "grid" else LOG_LR}
+
+
+def ctrl_c_after_round(monkeypatch, round_: Optional[int]) -> None:
+    """Makes the next run that reaches the end of round ``round_`` (None: the end of the run, its files written)
+    send this process SIGINT, as Ctrl+C would (once): the round's files and checkpoint are written, then the run
+    and the sweep stop."""
+    build_callbacks, sent = plfl.experiment.build_callbacks, []
+
+    class CtrlC(FederationCallback):
+        def on_round_end(self, run, result):
+            if result.round == round_ and not sent:
+                sent.append(run.run_dir)
+                os.kill(os.getpid(), signal.SIGINT)
+
+        def on_fit_end(self, run, summary):
+            if round_ is None and not sent:
+                sent.append(run.run_dir)
+                os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(plfl.experiment, "build_callbacks", lambda cfg, state: [*build_callbacks(cfg, state), CtrlC()])
+
+
+def fake_training(calls: list, fail=lambda cfg: False, interrupt_at=None):
+    """A stand-in for run_experiment: writes config.yaml to its run directory, records the call, scores
+    -|log10(lr) + 2|; the ``interrupt_at``-th call is interrupted before it writes anything."""
+
+    def run(cfg, resume=None, run_dir=None):
         calls.append((cfg.federation.lr, cfg.method.name))
         if len(calls) == interrupt_at:
             raise SystemExit(1)  # what Lightning's Trainer raises on Ctrl+C during a fit
-        run_dir = plfl.experiment.new_run_dir(Path(cfg.output_dir) / cfg.name)
+        run_dir = resume or run_dir or plfl.experiment.new_run_dir(Path(cfg.output_dir) / cfg.name)
         OmegaConf.save(cfg, run_dir / "config.yaml")
         if fail(cfg):
             raise RuntimeError("diverged")
@@ -126,7 +161,8 @@ def test_an_interrupted_sweep_continues_and_a_failing_trial_is_recorded(tmp_path
     monkeypatch.setattr(plfl.experiment, "run_experiment", fake_training(calls, interrupt_at=3))
     assert main(["sweep", str(path)]) == 130
     assert "interrupted; finished trials are saved; run the same command again" in capsys.readouterr().err
-    assert [r["status"] for r in rows(tmp_path)] == ["completed", "completed"]  # saved before the interruption
+    # Saved before the interruption; the interrupted trial is known, with its parameters.
+    assert [r["status"] for r in rows(tmp_path)] == ["completed", "completed", "running"]
 
     calls.clear()
     failing = fake_training(calls, fail=lambda cfg: cfg.federation.lr == 0.1 and cfg.method.name == "local")
@@ -233,3 +269,71 @@ def test_the_shipped_sweep_files_load_and_propose_valid_trials(sweep_file, tmp_p
     assert len(calls) == 1 and result.trials[0]["status"] == "completed"
     assert (result.sweep.metric, result.sweep.goal) == ("best_accuracy", "maximize")
     assert "logger.name=wandb" in result.sweep.overrides  # so that the online agent's runs report to W&B
+
+
+@pytest.mark.parametrize("method", SEARCH_METHODS)
+def test_a_trial_stopped_by_a_signal_continues_from_its_checkpoint_with_its_parameters(
+    tmp_path, monkeypatch, capsys, method
+):
+    path = write_sweep(tmp_path, lr_search(method), method=method, run_cap=2)
+    ctrl_c_after_round(monkeypatch, 1)
+    assert main(["sweep", str(path), "federation.rounds=2"]) == 130
+    (stopped,) = recorded_trials(tmp_path)  # recorded when it started
+    run_dir, lr = Path(stopped["run_dir"]), stopped["parameters"]["federation.lr"]
+    assert stopped["status"] == "running" and (run_dir / "checkpoints" / "round-00001.pt").is_file()
+    first_rounds = (run_dir / "metrics.csv").read_text().splitlines()
+    assert len(first_rounds) == 1 + 2  # the header, rounds 0 and 1
+
+    assert main(["sweep", str(path), "federation.rounds=2"]) == 0
+    assert f"Trial 1: federation.lr={lr} (continues {run_dir} from its newest checkpoint)" in capsys.readouterr().out
+    resumed, other = recorded_trials(tmp_path)
+    assert (resumed["trial"], resumed["parameters"], resumed["run_dir"]) == (1, stopped["parameters"], str(run_dir))
+    assert resumed["status"] == other["status"] == "completed"
+    metrics = (run_dir / "metrics.csv").read_text().splitlines()
+    assert metrics[:3] == first_rounds and len(metrics) == 1 + 3  # rounds 0 and 1 kept, not trained again
+    assert OmegaConf.load(run_dir / "config.yaml").federation.lr == lr
+    assert json.loads((run_dir / "summary.json").read_text())["best_accuracy"] == resumed["metrics"]["best_accuracy"]
+    if method == "grid":  # the engine does not propose the continued trial's parameters again
+        assert {resumed["parameters"]["federation.lr"], other["parameters"]["federation.lr"]} == {0.01, 0.1}
+    assert run_dirs(tmp_path) == {run_dir, Path(other["run_dir"])}
+
+
+@pytest.mark.parametrize("method", SEARCH_METHODS)
+def test_a_trial_stopped_before_its_first_checkpoint_starts_again_with_its_parameters(tmp_path, monkeypatch, method):
+    calls = []
+    monkeypatch.setattr(plfl.experiment, "run_experiment", fake_training(calls, interrupt_at=2))
+    path = write_sweep(tmp_path, lr_search(method, (0.001, 0.01, 0.1)), method=method, run_cap=3)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(path)
+    stopped = recorded_trials(tmp_path)[1]
+    assert stopped["status"] == "running" and stopped["parameters"] == {"federation.lr": calls[1][0]}
+    assert list(Path(stopped["run_dir"]).iterdir()) == []  # its run wrote nothing
+
+    calls.clear()
+    monkeypatch.setattr(plfl.experiment, "run_experiment", fake_training(calls))
+    result = run_sweep(path)
+    assert calls[0][0] == stopped["parameters"]["federation.lr"] and len(calls) == 2
+    again = result.trials[1]
+    assert (again["trial"], again["parameters"], again["status"]) == (2, stopped["parameters"], "completed")
+    # Its empty run directory made way for a new one; every run directory is a trial's, with its files.
+    assert set((tmp_path / "out" / "fedavg-digits").iterdir()) == run_dirs(tmp_path)
+    assert {Path(t["run_dir"]) for t in result.trials} == run_dirs(tmp_path)
+    assert len({t["parameters"]["federation.lr"] for t in result.trials}) == 3
+
+
+def test_a_trial_whose_run_completed_before_the_sweep_recorded_it_is_taken_as_it_is(tmp_path, monkeypatch):
+    path = write_sweep(tmp_path, lr_search("grid"))
+    ctrl_c_after_round(monkeypatch, None)
+    assert main(["sweep", str(path), "federation.rounds=1"]) == 130
+    (stopped,) = recorded_trials(tmp_path)
+    run_dir = Path(stopped["run_dir"])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (stopped["status"], summary["status"]) == ("running", "completed")
+    metrics = (run_dir / "metrics.csv").read_text()
+
+    assert main(["sweep", str(path), "federation.rounds=1"]) == 0
+    first, second = recorded_trials(tmp_path)
+    assert (first["status"], first["run_dir"]) == ("completed", str(run_dir))
+    assert first["metrics"]["best_accuracy"] == summary["best_accuracy"]
+    assert (run_dir / "metrics.csv").read_text() == metrics  # not run again
+    assert second["status"] == "completed" and second["parameters"] != first["parameters"]
