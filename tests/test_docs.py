@@ -6,6 +6,8 @@ tests check what the generator (docs/_ext/plfl_docs.py) writes."""
 
 import dataclasses
 import re
+import runpy
+import subprocess
 import sys
 import typing
 from dataclasses import is_dataclass
@@ -112,6 +114,64 @@ def test_a_results_table_that_plots_a_missing_column_is_refused(tmp_path):
     (tmp_path / "t.yaml").write_text(meta)
     with pytest.raises(ValueError, match=r"plot columns \['acc'\] are not in t.csv"):
         plfl_docs.results_pages(tmp_path)
+
+
+MATH_MODULE = r'''
+def step(theta):
+    r"""ALA's update of the weights :math:`W_i`.
+
+    .. math::
+
+        \hat\Theta_i = \Theta_i + (\Theta - \Theta_i) \odot W_i
+
+    Args:
+        theta: the local model :math:`\Theta_i`.
+    """
+'''
+MATH_PAGE = r"""# Math
+
+The weight $\alpha_i^{l,j}$ of client $j$'s layer $l$, and a price of $5 to $10.
+
+$$
+\bar\theta_i^l = \sum_j \alpha_i^{l,j} \theta_j^l
+$$
+
+```{eval-rst}
+.. autofunction:: mathdoc.step
+```
+"""
+
+
+def test_math_in_markdown_and_docstrings_is_rendered_by_a_mathjax_shipped_with_the_site(tmp_path):
+    """A page built with the site's extensions and MyST settings (docs/conf.py, less the generated pages) renders
+    ``$...$``, ``$$...$$``, a docstring's ``:math:`` and ``.. math::`` as MathJax markup, and loads MathJax from
+    the site's own ``_static``, not from a CDN."""
+    conf = runpy.run_path(str(ROOT / "docs" / "conf.py"))
+    settings = {k: v for k, v in conf.items() if k.startswith(("myst_", "napoleon_", "autodoc_", "html_theme"))}
+    settings["extensions"] = [e for e in conf["extensions"] if e not in ("plfl_docs", "sphinx.ext.viewcode")]
+    (tmp_path / "conf.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\n" + "".join(f"{k} = {v!r}\n" for k, v in settings.items())
+    )
+    (tmp_path / "mathdoc.py").write_text(MATH_MODULE)
+    (tmp_path / "index.md").write_text(MATH_PAGE)
+    out = tmp_path / "html"
+    build = [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", str(tmp_path), str(out)]
+    result = subprocess.run(build, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    html = (out / "index.html").read_text()
+    inline = re.findall(r'<span class="math notranslate nohighlight">\\\((.*?)\\\)</span>', html)
+    assert r"\alpha_i^{l,j}" in inline and "j" in inline and r"\Theta_i" in inline  # Markdown and docstring
+    assert "a price of $5 to $10" in html  # dollars that do not hug a formula stay text
+    display = re.findall(r'<div class="math notranslate nohighlight">\s*\\\[(.*?)\\\]</div>', html, re.DOTALL)
+    assert [d.strip() for d in display] == [
+        r"\bar\theta_i^l = \sum_j \alpha_i^{l,j} \theta_j^l",
+        r"\hat\Theta_i = \Theta_i + (\Theta - \Theta_i) \odot W_i",
+    ]
+    scripts = re.findall(r"<script[^>]*\bsrc=\"([^\"]+)\"", html)
+    assert "_static/mathjax/tex-chtml.js" in scripts
+    assert not [s for s in scripts if "//" in s], scripts  # no http(s):// nor protocol-relative CDN address
+    assert (out / "_static" / "mathjax" / "tex-chtml.js").stat().st_size > 100_000
+    assert (out / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").is_dir()
 
 
 def test_the_readme_stays_short():
