@@ -47,4 +47,5 @@ napoleon_numpy_docstring = False
 
 html_theme = "furo"
 html_title = f"plfl {release}"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["plfl.css"]
