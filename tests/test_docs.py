@@ -312,6 +312,22 @@ def test_math_in_markdown_and_docstrings_is_rendered_by_a_mathjax_shipped_with_t
     assert (out / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").is_dir()
 
 
+INSTALL = re.compile(r"pip install (?P<options>[^\n`]*?)-e\s+(?P<target>'[^']*'|[^\s`]+)")
+
+
+def test_every_page_installs_plfl_with_the_extras_the_readme_and_ci_name():
+    """No page installs plfl bare (`pip install -e .`: without the test tools the README's next command fails),
+    and every install with the CI pins installs what .ci/run installs."""
+    ((options, ci),) = INSTALL.findall((ROOT / ".ci" / "run").read_text())
+    readme = {target for _, target in INSTALL.findall((ROOT / "README.md").read_text())}
+    assert "'.[dev]'" in readme and ci in readme and "-c constraints.txt" in options
+    for page in [ROOT / "README.md", *guides()]:
+        for options, target in INSTALL.findall(page.read_text()):
+            where = page.relative_to(ROOT)
+            assert target.startswith("'.["), f"{where} installs plfl as {target}, the README as '.[dev]'"
+            assert "-c constraints.txt" not in options or target == ci, f"{where}: CI installs {ci}, not {target}"
+
+
 def test_the_readme_stays_short():
     lines = len((ROOT / "README.md").read_text().splitlines())
     assert lines <= 250, f"README.md has {lines} lines; move reference and results into docs/"
