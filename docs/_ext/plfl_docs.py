@@ -453,8 +453,9 @@ def overview_page(dataset: str, results: dict[str, tuple[dict, list[dict[str, st
             "each round where a table's run of a method ends. Each number links to the table it comes from, "
             "beside that table's date and the commit of the code it was measured with (`code`); where several "
             "tables measured a method at that round, the newest one's number is shown and the others are listed "
-            "under *also measured*. The rows come from different runs, and some from other settings (another "
-            "model, another learning rate, older code): each table's page says which.\n"
+            "under *also measured*; n = k beside a number: the mean of k runs. The rows come from different runs, "
+            "and some from other settings (another model, another learning rate, older code): each table's page "
+            "says which.\n"
         )
         for (setting, at), board in leaderboards(entries).items():
             text += [f"### {setting + ', round' if setting else 'Round'} {at}\n", leaderboard_table(board)]
