@@ -18,14 +18,17 @@ proposes one twice.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import random
 import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
+import numpy as np
 import yaml
 
 from plfl.callbacks.files import csv_text, write_atomically
@@ -283,11 +286,11 @@ def run_sweep(
                         trial["run_dir"] = _new_run_dir(sweep, fixed + args)
                         note = " (again from the start: its run left no checkpoint)"
                 elif count is None or len(trials) < count:
-                    parameters = _propose(sweep, trials)
+                    number = max((t["trial"] for t in trials), default=0) + 1
+                    parameters = _propose(sweep, trials, number)
                     if parameters is None:
                         break
                     args = [_arg(k, v) for k, v in parameters.items()]
-                    number = max((t["trial"] for t in trials), default=0) + 1
                     trial = _running(sweep, number, parameters, _new_run_dir(sweep, fixed + args))
                     trials.append(trial)
                     resume, note = False, ""
@@ -501,9 +504,9 @@ def _run_trial(
     }
 
 
-def _propose(sweep: Sweep, trials: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+def _propose(sweep: Sweep, trials: list[dict[str, Any]], number: int) -> Optional[dict[str, Any]]:
     """The engine's next parameters given the recorded trials, running ones included (a grid skips them, bayes
-    treats them as pending); None when a grid is exhausted."""
+    treats them as pending), for trial ``number``; None when a grid is exhausted."""
     states = {"completed": RunState.finished, "running": RunState.running, "failed": RunState.failed}
     runs = [
         SweepRun(
@@ -514,13 +517,33 @@ def _propose(sweep: Sweep, trials: list[dict[str, Any]]) -> Optional[dict[str, A
         for t in trials
     ]
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _engine_draws(sweep, number):
             # The Gaussian process of bayes search warns on its fits; its proposals are what count here.
             warnings.simplefilter("ignore")
             run = sweeps.next_run(sweep.search, runs, validate=True)
     except ValueError as e:
         raise ConfigError(f"{sweep.path}: the sweep engine refused the file: {e}.") from None
     return None if run is None else {k: _plain(v["value"]) for k, v in run.config.items()}
+
+
+@contextlib.contextmanager
+def _engine_draws(sweep: Sweep, number: int) -> Iterator[None]:
+    """Within the block, Python's and NumPy's global generators, which the engine draws its random and bayes
+    proposals from, are seeded from the search (the file's method, metric and parameters) and the trial's
+    number; their states before are restored after. A trial run in this process reseeds both
+    (``federation.seed``), so without this every proposal after the first would repeat the same draws; with it,
+    a sweep proposes the same trials every time it runs."""
+    python, numpy = random.getstate(), np.random.get_state()
+    search = {k: sweep.search.get(k) for k in ("method", "metric", "parameters")}
+    key = f"{json.dumps(search, sort_keys=True, default=str)}/{number}".encode()
+    seed = int.from_bytes(hashlib.sha256(key).digest()[:4], "big")
+    random.seed(seed)
+    np.random.seed(seed)
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
 
 
 def _check_parameter_values(sweep: Sweep, fixed: list[str]) -> None:

@@ -204,6 +204,19 @@ def test_bayes_and_random_sweeps_stop_at_the_count_of_all_trials(tmp_path, monke
         run_sweep(tmp_path / "endless" / "sweep.yaml")
 
 
+@pytest.mark.parametrize("method", ["random", "bayes"])
+def test_trials_run_in_this_process_do_not_repeat_the_engines_draws(tmp_path, method):
+    """A trial reseeds Python's and NumPy's global generators (federation.seed), which the engine draws its
+    proposals from: every trial still gets new parameters, and the same sweep proposes the same ones again."""
+    proposals = []
+    for copy in ("one", "two"):
+        (tmp_path / copy).mkdir()
+        path = write_sweep(tmp_path / copy, lr_search(method), method=method, run_cap=3)
+        result = run_sweep(path, ["federation.rounds=1"])
+        proposals.append([t["parameters"]["federation.lr"] for t in result.trials])
+    assert len(set(proposals[0])) == 3 and proposals[1] == proposals[0]
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
