@@ -19,10 +19,11 @@ from omegaconf import OmegaConf
 
 from plfl.config import load_config
 from plfl.data import load_federated_data
-from plfl.executors import SequentialExecutor, VectorizedExecutor
+from plfl.executors import SequentialExecutor, VectorizedExecutor, drive
+from plfl.executors.options import Vectorized
 from plfl.methods.ala import local_aggregation, top_names
 from plfl.methods.base import FederationContext
-from plfl.models import build_model
+from plfl.models import models
 from plfl.state import ClientStateStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,16 +39,14 @@ def main() -> None:
     federation, config = run.federation, run.method
     data = load_federated_data(run.data, federation.seed)
     torch.manual_seed(federation.seed)
-    model = build_model(input_shape=data.input_shape, num_classes=data.num_classes, **OmegaConf.to_container(cfg.model))
+    model = models()[cfg.model.name].of(cfg.model).build(data.input_shape, data.num_classes, data.vocab_size)
     global_params = {k: v.clone() for k, v in model.state_dict().items()}
     local = [{k: v + 0.05 * torch.randn_like(v) for k, v in global_params.items()} for _ in data.clients]
     top = top_names(model, config.p)
-    sequential = SequentialExecutor.of(run, data, model)
+    sequential = SequentialExecutor.of(run.work, data, model)
     executors = {
         "sequential": sequential,
-        "vectorized": VectorizedExecutor(
-            data, model, federation, torch.device(args.device), "32-true", False, sequential
-        ),
+        "vectorized": VectorizedExecutor(data, model, run.work, Vectorized(), torch.device(args.device), sequential),
     }
     print(
         f"ALA (s={config.s}, p={config.p}) on the {len(data.clients)} clients of {args.data}, {args.device}, "
@@ -56,19 +55,17 @@ def main() -> None:
     print("| stage | executor | seconds | epochs in all |\n| --- | --- | --- | --- |")
     for stage, weights in (("initial", None), ("later", {k: torch.full_like(global_params[k], 0.5) for k in top})):
         for name, executor in executors.items():
-            context = FederationContext(data, ClientStateStore(len(data.clients)), run, model)
+            context = FederationContext(data, ClientStateStore(len(data.clients)), federation, model)
             for i in range(len(data.clients)):
                 context.store.set(i, "ala_weights", weights)
-            tasks = [
-                next(local_aggregation(config, context, i, global_params, local[i], round_=1))
-                for i in range(len(data.clients))
-            ]
+            hooks = [local_aggregation(config, context, i, global_params, local[i], 1) for i in range(len(local))]
             start = time.perf_counter()
-            outcomes = executor.step(tasks)
+            drive(hooks, executor)  # every client's ALA, an epoch per request, as the federation loop runs it
             if args.device == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - start
-            print(f"| {stage} | {name} | {seconds:.2f} | {sum(o.epochs for o in outcomes)} |", flush=True)
+            epochs = sum(context.store.get(i, "ala_epochs") for i in range(len(local)))
+            print(f"| {stage} | {name} | {seconds:.2f} | {epochs} |", flush=True)
 
 
 if __name__ == "__main__":

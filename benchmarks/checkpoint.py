@@ -23,7 +23,7 @@ from plfl.seeding import global_rng_state
 
 
 def fedala_like_state(num_clients: int) -> dict:
-    model = build_model("cnn", (1, 28, 28), 10, [])
+    model = build_model("cnn", (1, 28, 28), 10)
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     top = list(params)[-2:]
     clients = [

@@ -31,9 +31,9 @@ from torch import nn
 
 from plfl.checkpoint import checkpoint_path, list_checkpoints, load_latest_checkpoint, read_checkpoint
 from plfl.config import resume_config
-from plfl.data.sources import load_federated_data
+from plfl.data.loading import load_federated_data
 from plfl.errors import PlflError
-from plfl.models.networks import build_model
+from plfl.models import models
 from plfl.report.runs import read_report_run
 
 BATCH = 500  # samples per forward pass; re-estimation averages over all batches (momentum None)
@@ -93,12 +93,7 @@ def main() -> None:
         sys.exit(f"fedbn_statistics.py: {e}")
     config = OmegaConf.to_object(cfg)
     data = load_federated_data(config.data, config.federation.seed)
-    model = build_model(
-        input_shape=data.input_shape,
-        num_classes=data.num_classes,
-        vocab_size=data.vocab_size,
-        **OmegaConf.to_container(cfg.model),
-    )
+    model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
     shared = shared_affine(model, state["store"], [len(c.y_train) for c in data.clients])
     counts = {"evaluated": 0, "re-estimated": 0, "shared γ, β": 0}
     for client, stored in zip(data.clients, state["store"]):

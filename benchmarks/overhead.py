@@ -57,7 +57,7 @@ def main() -> None:
 
     data = load_federated_data(DataConfig(source="pfllib", root=args.data), seed=0)
     client = data.clients[args.client]
-    model = build_model("cnn", data.input_shape, data.num_classes, [])
+    model = build_model("cnn", data.input_shape, data.num_classes)
     params = {k: v.clone() for k, v in model.state_dict().items()}
     trainer = LocalTrainer(
         ClientModule(model, data.num_classes, lr=0.005), build_trainer("cpu", 1, "32-true"), args.batch_size

@@ -43,7 +43,7 @@ from plfl.federation import FederationLoop
 from plfl.methods import build_method
 from plfl.methods.base import FederationContext
 from plfl.methods.fedavg import weighted_average
-from plfl.models import build_model
+from plfl.models import models
 from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore
 
@@ -64,23 +64,25 @@ def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
         overrides += [f"federation.executor={kind}", f"trainer.accelerator={'gpu' if args.device == 'cuda' else 'cpu'}"]
     if kind == "vectorized":
         overrides += [
-            f"federation.cuda_graphs={str(args.cuda_graphs).lower()}",
-            *([f"federation.cohort_size={args.cohort_size}"] if args.cohort_size else []),
+            f"vectorized.cuda_graphs={str(args.cuda_graphs).lower()}",
+            *([f"vectorized.cohort_size={args.cohort_size}"] if args.cohort_size else []),
         ]
     cfg = load_config(args.config or ROOT / "configs" / f"{args.method}.yaml", overrides)
     federation = OmegaConf.to_object(cfg.federation)
     L.seed_everything(federation.seed, verbose=False)
     data = load_federated_data(OmegaConf.to_object(cfg.data), federation.seed)
     data = dataclasses.replace(data, clients=data.clients[: args.clients])
-    model = build_model(input_shape=data.input_shape, num_classes=data.num_classes, **OmegaConf.to_container(cfg.model))
+    model = models()[cfg.model.name].of(cfg.model).build(data.input_shape, data.num_classes, data.vocab_size)
     initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     if kind == "plain":
         use_precision(cfg.trainer.precision)  # the float32 that build_trainer sets for plfl's kinds
         return plain_rounds(model.to(args.device), data, initial, federation, args.rounds, args.device)
     config = OmegaConf.to_object(cfg)
-    context = FederationContext(data, ClientStateStore(len(data.clients)), config, model)
+    context = FederationContext(
+        data, ClientStateStore(len(data.clients)), config.federation, model, config.data.augment
+    )
     method = build_method(config.method, context, initial)
-    executor = build_executor(config, data, model)
+    executor = build_executor(config.work, config.executor_options, data, model)
     run = RunInfo(cfg, Path("."), len(data.clients), sum(p.numel() for p in model.parameters()))
     loop = FederationLoop(method, context, executor, [], run)
     loop.run()
@@ -124,12 +126,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=20, help="the first K clients of the federation")
     parser.add_argument("--config", type=Path, help="a config file instead of configs/<method>.yaml")
-    parser.add_argument("--cohort-size", type=int, default=None, help="federation.cohort_size of vectorized")
+    parser.add_argument("--cohort-size", type=int, default=None, help="vectorized.cohort_size")
     parser.add_argument(
         "--cuda-graphs",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="federation.cuda_graphs of vectorized",
+        help="vectorized.cuda_graphs",
     )
     parser.add_argument("--kinds", nargs="+", choices=tuple(KINDS), default=list(KINDS), help="what to time")
     parser.add_argument("--data", help="data.root (default: the config's)")

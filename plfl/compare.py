@@ -26,7 +26,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from plfl.config import DEFAULT_NUM_CLIENTS, dotted_items
+from plfl.config import dotted_items
+from plfl.data.sources import DEFAULT_NUM_CLIENTS
 from plfl.errors import PlflError
 
 # Config keys that never make two runs different experiments: repeats, where and how a run executes, its files.

@@ -1,9 +1,13 @@
 """Typed experiment configuration: schemas, loading, overrides and validation.
 
-A config is one YAML file plus ``key=value`` dot-list overrides (OmegaConf),
-checked against the dataclasses below before anything trains. Method sections
-are checked against the schema of the named method (``plfl.methods``).
-Nothing here imports torch: a config is checked in well under a second.
+A config is one YAML file plus ``key=value`` dot-list overrides (OmegaConf), checked against the schemas
+before anything trains: the sections every run has (:mod:`plfl.sections`, ``logger.*``, the top-level keys) and
+the sections that plfl's parts declare beside the code that reads them: ``data.*`` (every data source's and
+partition's keys, :mod:`plfl.data.sources`), ``model.*`` (every model's, :mod:`plfl.models`), the executors'
+own sections (:mod:`plfl.executors.options`) and ``method.*`` (the named method's config, its module in
+:mod:`plfl.methods`). A key that the chosen source, partition, model or executor does not read is refused unless
+it holds its default, with who reads it. Every check but the method section's runs without importing torch; the
+method section, whose schema is the method's module, is checked last.
 """
 
 from __future__ import annotations
@@ -12,338 +16,28 @@ import dataclasses
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from plfl.cluster import import_ray
+from plfl.data.partition import partitions
+from plfl.data.sources import DataConfig, data_sources
 from plfl.errors import ConfigError, PlflError
-from plfl.fields import allowed, checked, documented, one_of
+from plfl.executors.options import ClientWorkOptions, ExecutorOptions, Ray, Vectorized, executors
+from plfl.fields import Component, allowed, as_yaml, checked, default_of, documented, key_names, one_of, readers
 from plfl.methods import method_class
+from plfl.models import ModelConfig, models
+from plfl.sections import FederationConfig, TrainerConfig
 
-PARTITIONS = ("dirichlet", "pathological", "classes", "dominant", "iid")
 LOGGERS = ("csv", "wandb", "none")
-EXECUTORS = ("sequential", "vectorized", "ray")
-DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
-
-
-def data_sources() -> tuple[str, ...]:
-    """The ``data.source`` names: the data registry's (:data:`plfl.data.sources.SOURCES`)."""
-    from plfl.data.sources import SOURCES
-
-    return SOURCES
-
-
-def model_names() -> tuple[str, ...]:
-    """The ``model.name`` names: the model registry's (:data:`plfl.models.MODELS`)."""
-    from plfl.models import MODELS
-
-    return tuple(MODELS)
-
-
-@dataclass
-class DataConfig:
-    """Which data set, and how it is split over clients (``data.*``).
-
-    Raises:
-        ConfigError: a key that the other keys make meaningless has a non-default
-            value: a source's own key (``cache_dir``, ``vocab_size``, ``image_shape`` ...) with another
-            source, ``repartition`` for a source other than ``pfllib``, a partition
-            key for ``pfllib`` without ``repartition`` or for ``leaf``, or a key the chosen
-            ``partition`` does not read (``beta`` with ``partition=classes``).
-    """
-
-    source: str = one_of("digits", lambda: data_sources(), "the data set and its reader (the data sources' guide)")
-    root: Optional[str] = documented(
-        None, "directory (or file) of the data; a relative path resolves against the current directory"
-    )
-    num_clients: Optional[int] = checked(
-        None,
-        lambda v: v is None or v >= 1,
-        "an integer >= 1",
-        "clients of a partitioned source (null: 20); pfllib without repartition and leaf take theirs from the "
-        "files, and a value set must agree",
-    )
-    partition: str = one_of(
-        "dirichlet",
-        PARTITIONS,
-        "how a pooled data set is split over clients: Dirichlet label skew, pathological (c classes each, "
-        "disjoint samples), classes (pFedLA's non-IID_1), dominant (pFedLA's non-IID_2), iid",
-    )
-    repartition: bool = documented(
-        False, "pfllib: pool all clients' train and test files and partition them like a pooled source"
-    )
-    beta: float = checked(0.1, lambda v: v > 0, "a number > 0", "dirichlet: concentration β; smaller is more skewed")
-    classes_per_client: int = checked(
-        2, lambda v: v >= 1, "an integer >= 1", "pathological and classes: distinct classes per client (c)"
-    )
-    dominant_classes: int = checked(
-        2, lambda v: v >= 1, "an integer >= 1", "dominant: classes per client that hold dominant_fraction of it (d)"
-    )
-    dominant_fraction: float = checked(
-        0.8,
-        lambda v: 0 < v < 1,
-        "a number in (0, 1)",
-        "dominant: share of a client's samples from its dominant classes (f; 0.8 is FedAMP's practical non-IID)",
-    )
-    test_fraction: float = checked(
-        0.25, lambda v: 0 < v < 1, "a number in (0, 1)", "share of each client's samples held out as its test split"
-    )
-    min_samples: int = checked(
-        10, lambda v: v >= 2, "an integer >= 2", "dirichlet: every client gets at least this many samples"
-    )
-    max_retries: int = checked(
-        100, lambda v: v >= 1, "an integer >= 1", "dirichlet: draws tried before giving up on min_samples"
-    )
-    download: bool = documented(False, "torchvision sources: let torchvision download missing files (needs internet)")
-    cache_dir: Optional[str] = documented(
-        None, "imagefolder: where decoded images are cached (null: $XDG_CACHE_HOME/plfl, else ~/.cache/plfl)"
-    )
-    augment: bool = documented(
-        False,
-        "images: each training sample is zero-padded by 4 pixels, randomly cropped back and flipped left-right "
-        "with probability ½, drawn from the run's seeds; evaluation never augments",
-    )
-    train_file: str = documented("train.csv", "agnews: the training CSV under root (a prefix of train.csv works)")
-    test_file: str = documented("test.csv", "agnews: the test CSV under root")
-    vocab_size: int = checked(
-        32000,
-        lambda v: v >= 3,
-        "an integer >= 3",
-        "text (agnews, leaf): most token ids, [PAD] = 0 and [UNK] = 1 included; learnt on training texts only",
-    )
-    max_length: int = checked(
-        200,
-        lambda v: v >= 1,
-        "an integer >= 1",
-        "text (agnews, leaf): token ids per sample; longer texts are cut, shorter ones padded with 0",
-    )
-    min_chars: int = checked(
-        10_000,
-        lambda v: v >= 400,
-        "an integer >= 400",
-        "shakespeare: characters (= samples) a speaking role needs to be a client; >= 400 leaves every client a "
-        "test window after LEAF's 79-window gap",
-    )
-    image_shape: Optional[list[int]] = checked(
-        None,
-        lambda v: v is None or (len(v) > 0 and min(v) >= 1),
-        "null or a non-empty list of integers >= 1",
-        "leaf: the shape (C, H, W) each flat x row is reshaped to; required for image data ([1, 28, 28]: FEMNIST)",
-    )
-    num_classes: Optional[int] = checked(
-        None,
-        lambda v: v is None or v >= 2,
-        "null or an integer >= 2",
-        "leaf: the class count (null: the largest label of both splits + 1; set it when classes may be absent)",
-    )
-
-    @property
-    def clients(self) -> int:
-        """How many clients a partitioned source is split over: ``num_clients``, by default 20."""
-        return DEFAULT_NUM_CLIENTS if self.num_clients is None else self.num_clients
-
-    def __post_init__(self) -> None:
-        # Keys that only partitioning reads, with the partitions that read them (empty: all of them).
-        partition_keys = {
-            "partition": (),
-            "test_fraction": (),
-            "beta": ("dirichlet",),
-            "min_samples": ("dirichlet",),
-            "max_retries": ("dirichlet",),
-            "classes_per_client": ("pathological", "classes"),
-            "dominant_classes": ("dominant",),
-            "dominant_fraction": ("dominant",),
-        }
-        # Keys that only some sources read.
-        source_keys = {
-            "cache_dir": ("imagefolder",),
-            "train_file": ("agnews",),
-            "test_file": ("agnews",),
-            "vocab_size": ("agnews", "leaf"),
-            "max_length": ("agnews", "leaf"),
-            "min_chars": ("shakespeare",),
-            "image_shape": ("leaf",),
-            "num_classes": ("leaf",),
-        }
-        for f in dataclasses.fields(self):
-            readers = source_keys.get(f.name)
-            if readers and self.source not in readers and getattr(self, f.name) != f.default:
-                raise ConfigError(
-                    f"data.{f.name}={getattr(self, f.name)} is read only by data.source="
-                    f"{' or '.join(readers)}, not by data.source={self.source}. Remove data.{f.name}."
-                )
-        if self.repartition and self.source != "pfllib":
-            raise ConfigError(
-                f"data.repartition=true applies only to data.source=pfllib; data.source={self.source} "
-                "is always partitioned by data.partition. Remove data.repartition."
-            )
-        changed = [
-            f.name for f in dataclasses.fields(self) if f.name in partition_keys and getattr(self, f.name) != f.default
-        ]
-        if self.source == "leaf" and changed:
-            key = changed[0]
-            raise ConfigError(
-                f"data.{key}={getattr(self, key)} has no effect: data.source=leaf keeps the users (one "
-                f"client each) and train/test splits of its files. Remove data.{key}."
-            )
-        if self.source == "pfllib" and not self.repartition and changed:
-            key = changed[0]
-            raise ConfigError(
-                f"data.{key}={getattr(self, key)} has no effect: data.source=pfllib keeps the clients "
-                "and train/test splits of its files. Set data.repartition=true to pool and re-partition "
-                f"them, or remove data.{key}."
-            )
-        for key in changed:
-            readers = partition_keys[key]
-            if readers and self.partition not in readers:
-                raise ConfigError(
-                    f"data.{key}={getattr(self, key)} is read only by data.partition="
-                    f"{' or '.join(readers)}, not by data.partition={self.partition}. Remove "
-                    f"data.{key} or set data.partition={readers[0]}."
-                )
-
-
-@dataclass
-class ModelConfig:
-    """The network (``model.*``); input shape and class count come from the data."""
-
-    name: str = one_of(
-        "mlp",
-        lambda: model_names(),
-        "the network, split into a body (representation) and a head (last classifier layer): mlp, cnn (FedAvg's "
-        "4-layer CNN), lenet5, resnet18 (torchvision); for text fasttext, transformer, lstm (LEAF's)",
-    )
-    hidden_sizes: list[int] = documented(doc="mlp: widths of the hidden layers", default_factory=lambda: [200])
-    batch_norm: bool = documented(
-        False, "cnn, lenet5, mlp: a BatchNorm layer before every ReLU (FedBN's models); resnet18 always has them"
-    )
-    embedding_dim: Optional[int] = checked(
-        None,
-        lambda v: v is None or v >= 1,
-        "an integer >= 1",
-        "fasttext, transformer, lstm: width of the token embeddings (null: 32 for fasttext and transformer, "
-        "as FedALA's fastText; 8 for lstm, as LEAF's)",
-    )
-    num_layers: int = checked(2, lambda v: v >= 1, "an integer >= 1", "transformer: encoder layers")
-    num_heads: int = checked(
-        2, lambda v: v >= 1, "an integer >= 1", "transformer: attention heads per layer (divides embedding_dim)"
-    )
-    hidden_dim: int = checked(256, lambda v: v >= 1, "an integer >= 1", "lstm: LSTM hidden units (LEAF's 256)")
-
-    def __post_init__(self) -> None:
-        # Keys that only some models read.
-        model_keys = {
-            "embedding_dim": ("fasttext", "transformer", "lstm"),
-            "num_layers": ("transformer",),
-            "num_heads": ("transformer",),
-            "hidden_dim": ("lstm",),
-            "batch_norm": ("cnn", "lenet5", "mlp"),
-        }
-        for f in dataclasses.fields(self):
-            readers = model_keys.get(f.name)
-            if readers and self.name not in readers and getattr(self, f.name) != f.default:
-                always = (
-                    "; resnet18 always has BatchNorm layers"
-                    if (f.name, self.name) == ("batch_norm", "resnet18")
-                    else ""
-                )
-                raise ConfigError(
-                    f"model.{f.name}={getattr(self, f.name)} is read only by model.name="
-                    f"{' or '.join(readers)}, not by model.name={self.name}{always}. Remove model.{f.name}."
-                )
-        if self.name == "transformer" and self.embedding_dim and self.embedding_dim % self.num_heads:
-            raise ConfigError(
-                f"model.embedding_dim={self.embedding_dim} is not a multiple of model.num_heads="
-                f"{self.num_heads}: each attention head takes an equal share of the embedding. "
-                "Change one of them."
-            )
-
-
-@dataclass
-class FederationConfig:
-    """Rounds, client sampling and local training (``federation.*``)."""
-
-    rounds: int = checked(20, lambda v: v >= 0, "an integer >= 0", "R: rounds of training; rounds 0..R are evaluated")
-    join_ratio: float = checked(
-        1.0, lambda v: 0 < v <= 1, "a number in (0, 1]", "fraction of the clients sampled for training each round"
-    )
-    local_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1", "local epochs per round")
-    batch_size: int = checked(10, lambda v: v >= 1, "an integer >= 1", "mini-batch size of local training")
-    lr: float = checked(0.005, lambda v: v > 0, "a number > 0", "SGD learning rate of local training")
-    momentum: float = checked(
-        0.0,
-        lambda v: 0 <= v < 1,
-        "a number in [0, 1)",
-        "SGD momentum of local training (FedFTHA uses 0.5); its buffer does not outlive a client's round",
-    )
-    seed: int = documented(0, "seeds the partition, the initial model, client sampling and every batch order")
-    eval_every: int = checked(
-        1, lambda v: v >= 1, "an integer >= 1", "evaluate every this many rounds (and always the last)"
-    )
-    max_failed_clients: Optional[int] = checked(
-        None,
-        lambda v: v is None or v >= 0,
-        "null or an integer >= 0",
-        "a client whose training raises or diverges is left out of its round; the round fails when more than "
-        "this many fail (null: only when all do)",
-    )
-    executor: str = one_of(
-        "sequential",
-        EXECUTORS,
-        "where client work runs: one client after another on one Lightning Trainer (sequential), a round's "
-        "clients stacked and trained in lock-step with torch.func (vectorized), or a pool of Ray actors (ray)",
-    )
-    cohort_size: Optional[int] = checked(
-        None,
-        lambda v: v is None or v >= 1,
-        "null or an integer >= 1",
-        "vectorized: the most clients stacked at once (null: all of a call's); memory grows linearly with it",
-    )
-    cuda_graphs: bool = documented(
-        True,
-        "vectorized on CUDA: capture each lock-step step once per shape as a CUDA graph and replay it (false: "
-        "launch its kernels one by one)",
-    )
-    state_offload: bool = documented(
-        False,
-        "keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state "
-        "instead of RAM: for many clients",
-    )
-
-    def __post_init__(self) -> None:
-        if not self.cuda_graphs and self.executor != "vectorized":
-            raise ConfigError(
-                f"federation.cuda_graphs=false is read only by federation.executor=vectorized, not by "
-                f"federation.executor={self.executor}. Remove federation.cuda_graphs or set "
-                "federation.executor=vectorized."
-            )
-        if self.cohort_size is not None and self.executor != "vectorized":
-            raise ConfigError(
-                f"federation.cohort_size={self.cohort_size} is read only by federation.executor="
-                f"vectorized, not by federation.executor={self.executor}. Remove federation.cohort_size "
-                "or set federation.executor=vectorized."
-            )
-
-
-@dataclass
-class RayConfig:
-    """The Ray actors of ``federation.executor=ray`` (``ray.*``); Ray is optional: ``pip install -e '.[ray]'``."""
-
-    address: str = documented(
-        "local",
-        "local: start Ray in the plfl process with the actors' CPUs; auto: join the cluster of this host (ray "
-        "start); HOST:PORT: a cluster's head; ray://HOST:10001: a remote cluster through Ray Client",
-    )
-    num_actors: int = checked(2, lambda v: v >= 1, "an integer >= 1", "Ray actors, each running one task at a time")
-    num_cpus_per_actor: float = checked(
-        1.0, lambda v: v > 0, "a number > 0", "Ray CPUs per actor (its torch threads); fractions share a CPU"
-    )
-    num_gpus_per_actor: float = checked(
-        0.0, lambda v: v >= 0, "a number >= 0", "Ray GPUs per actor; fractions such as 0.25 share a GPU"
-    )
+# Sections a ``SECTION=NAME`` override replaces with the defaults of the component NAME (the method, the model).
+SWITCHED = ("method", "model")
+# Keys that moved to the section of the part that reads them: old key → new key. A saved config (a run
+# directory's config.yaml) holds them at their defaults, which are dropped; another value is refused, naming
+# the new key.
+MOVED = {"federation.cohort_size": "vectorized.cohort_size", "federation.cuda_graphs": "vectorized.cuda_graphs"}
 
 
 @dataclass
@@ -364,19 +58,6 @@ class LoggerConfig:
     project: str = documented("plfl", "wandb: the W&B project")
     entity: Optional[str] = documented(None, "wandb: the W&B entity (null: the account's default)")
     verbose: bool = documented(False, "wandb: show W&B's own banners and notices (false: plfl's output only)")
-
-
-@dataclass
-class TrainerConfig:
-    """Options passed to the one Lightning ``Trainer`` (``trainer.*``)."""
-
-    accelerator: str = documented("cpu", "Lightning's accelerator: cpu, gpu (or cuda), ...")
-    devices: int = documented(1, "Lightning's devices (plfl trains on one)")
-    precision: str = documented(
-        "32-true",
-        "Lightning's precision (32-true, bf16-mixed, ...); 32-true is IEEE float32 on a GPU too (TF32 off), so "
-        "GPU and CPU runs agree to float rounding",
-    )
 
 
 @dataclass
@@ -407,34 +88,28 @@ class ExperimentConfig:
         doc="the method (method.name, one of plfl methods) and its own keys", default_factory=lambda: {"name": "fedavg"}
     )
     federation: FederationConfig = field(default_factory=FederationConfig)
+    vectorized: Vectorized = field(default_factory=Vectorized)
+    ray: Ray = field(default_factory=Ray)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
 
-    def __post_init__(self) -> None:
-        changed = [f.name for f in dataclasses.fields(self.ray) if getattr(self.ray, f.name) != f.default]
-        if changed and self.federation.executor != "ray":
-            key = changed[0]
-            raise ConfigError(
-                f"ray.{key}={getattr(self.ray, key)} is read only by federation.executor=ray, not by "
-                f"federation.executor={self.federation.executor}. Remove ray.{key} or set "
-                "federation.executor=ray."
-            )
-        if self.federation.executor == "ray":
-            import_ray("federation.executor=ray")  # not installed: the install command, before anything runs
-        if (
-            self.federation.executor == "ray"
-            and self.trainer.accelerator in ("gpu", "cuda")
-            and not self.ray.num_gpus_per_actor
-        ):
-            raise ConfigError(
-                f"trainer.accelerator={self.trainer.accelerator} with federation.executor=ray needs "
-                "GPUs for the actors: set ray.num_gpus_per_actor (e.g. 0.5 for two actors per GPU)."
-            )
+    @property
+    def work(self) -> ClientWorkOptions:
+        """What the executors read of this config."""
+        return ClientWorkOptions(self.federation, self.trainer, self.data.augment)
+
+    @property
+    def executor_options(self) -> ExecutorOptions:
+        """The chosen executor's keys: its section (``vectorized``, ``ray``), or none."""
+        name = self.federation.executor
+        return getattr(self, name) if any(f.name == name for f in dataclasses.fields(self)) else executors()[name]()
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfig:
     """Read a YAML config, apply dot-list overrides and validate the result.
+
+    ``method=NAME`` (``model=NAME``) among the overrides replaces the method (model) section with method (model)
+    NAME's defaults; overrides after it still apply. One config serves every method and model.
 
     Returns the resolved, validated config as a DictConfig (``${...}`` resolved,
     ``data.root`` made absolute, the method section filled with its defaults).
@@ -450,37 +125,172 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfi
     bad = [o for o in overrides if "=" not in o]
     if bad:
         raise ConfigError(f"Override {bad[0]!r} is not of the form key=value (e.g. federation.rounds=5).")
-    try:
-        raw = OmegaConf.merge(raw, OmegaConf.from_dotlist(list(overrides)))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"Could not apply the overrides {list(overrides)}: {e}") from None
     if not isinstance(raw, DictConfig):
         raise ConfigError(f"The config in {path} must be a mapping of sections (data, model, method, ...).")
-    return validate(raw)
+    file_method = OmegaConf.select(raw, "method.name", default="fedavg")
+    for override in overrides:
+        key, value = (part.strip() for part in override.split("=", 1))
+        try:
+            if key in SWITCHED:  # NAME's defaults, not the file's keys of another method or model
+                raw[key] = {"name": value}
+                file_method = None if key == "method" else file_method
+            else:
+                raw = OmegaConf.merge(raw, OmegaConf.from_dotlist([override]))
+        except OmegaConfBaseException as e:
+            raise ConfigError(f"Could not apply the override {override!r}: {e}") from None
+    return validate(raw, file_method)
 
 
-def validate(raw: DictConfig) -> DictConfig:
-    """Merge ``raw`` onto the schema defaults and check every key and value.
+def validate(raw: DictConfig, file_method: Optional[str] = None) -> DictConfig:
+    """Merge ``raw`` onto the schema defaults and check every key and value; the method section last (its schema
+    is the method's module, which imports torch). ``file_method``: the method the config file named, for the
+    error when ``method.name`` was set to another one whose keys differ.
 
     Raises:
         ConfigError: see :func:`load_config`.
     """
+    raw = raw.copy()
     method_raw = _merge(OmegaConf.create({"name": "fedavg"}), raw.pop("method", None) or {})
-    method = OmegaConf.structured(method_class(str(method_raw.name)).config_class)
-    # A misplaced method key (``s=40``) is suggested under ``method.``.
-    cfg = _merge(OmegaConf.structured(ExperimentConfig), raw, elsewhere=_dotted_keys(method, "method."))
-    cfg.method = _merge(method, method_raw, prefix="method.")
+    _refuse_moved(raw)
+    cfg = _merge(OmegaConf.structured(ExperimentConfig), raw, elsewhere=lambda: _method_keys(method_raw))
     try:
         OmegaConf.resolve(cfg)
+        OmegaConf.resolve(method_raw)
     except OmegaConfBaseException as e:
         raise ConfigError(f"Could not resolve an interpolation in the config: {e}") from None
-    _check_ranges(OmegaConf.to_object(cfg), "")
+    experiment: ExperimentConfig = OmegaConf.to_object(cfg)
+    _check_ranges(experiment, "")
+    _check_parts(experiment)
+    cfg.method = _method_section(method_raw, file_method)
     for key in ("root", "cache_dir"):
         if cfg.data[key] is not None:
             cfg.data[key] = str(Path(cfg.data[key]).expanduser().resolve())
     if cfg.name is None:
         cfg.name = f"{cfg.method.name}-{cfg.data.source}"
     return cfg
+
+
+def _check_parts(config: ExperimentConfig) -> None:
+    """The chosen source, partition, model and executor: a key another one reads is refused unless it holds its
+    default, and each checks its own keys (:meth:`plfl.fields.Component.check`).
+
+    Raises:
+        ConfigError: naming the key, who reads it, and the fix.
+    """
+    data = config.data
+    source = _chosen("data", data, "source", data_sources())
+    partition_keys = {f.name for cls in partitions().values() for f in dataclasses.fields(cls)}
+    if not source.partitioned():
+        for f in dataclasses.fields(data):
+            if f.name in partition_keys and getattr(data, f.name) != default_of(f):
+                raise ConfigError(source.unpartitioned(f.name, as_yaml(getattr(data, f.name))))
+    else:
+        _chosen("data", data, "partition", partitions())
+    _chosen("model", config.model, "name", models())
+    federation = config.federation
+    if federation.executor not in executors():
+        close = difflib.get_close_matches(federation.executor, list(executors()), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(
+            f"Config key 'federation.executor' must be one of {', '.join(executors())}; got "
+            f"{federation.executor!r}.{hint}"
+        )
+    for name, options in executors().items():
+        section = getattr(config, name, None)
+        if section is None or name == federation.executor:
+            continue
+        for f in dataclasses.fields(options):
+            if getattr(section, f.name) != default_of(f):
+                raise ConfigError(
+                    f"{name}.{f.name}={as_yaml(getattr(section, f.name))} is read only by federation.executor={name}, "
+                    f"not by "
+                    f"federation.executor={federation.executor}. Remove {name}.{f.name} or set "
+                    f"federation.executor={name}."
+                )
+    config.executor_options.check()
+    if (
+        federation.executor == "ray"
+        and config.trainer.accelerator in ("gpu", "cuda")
+        and not config.ray.num_gpus_per_actor
+    ):
+        raise ConfigError(
+            f"trainer.accelerator={config.trainer.accelerator} with federation.executor=ray needs "
+            "GPUs for the actors: set ray.num_gpus_per_actor (e.g. 0.5 for two actors per GPU)."
+        )
+
+
+def _chosen(section: str, values: Any, key: str, components: dict[str, type[Component]]) -> Component:
+    """The component of ``components`` that ``values.<key>`` chooses, with its keys from ``values`` (the section)
+    and checked; a key of the section that another of them reads must hold its default.
+
+    Raises:
+        ConfigError: such a key holds another value (naming who reads it), or the component's own check fails.
+    """
+    chosen = getattr(values, key)
+    own = key_names(components[chosen])
+    for f in dataclasses.fields(values):
+        value, who = getattr(values, f.name), readers(components, f.name)
+        if f.name in own or not who or value == default_of(f):
+            continue
+        note = components[chosen].notes.get(f.name)
+        alternative = f", or set {section}.{key}={who[0]}" if len(who) == 1 else ""
+        if section in SWITCHED:
+            alternative += f"; {section}={chosen} takes {chosen}'s defaults in place of the section"
+        raise ConfigError(
+            f"{section}.{f.name}={as_yaml(value)} is read only by {section}.{key}={' or '.join(who)}, not by "
+            f"{section}.{key}={chosen}{'; ' + note if note else ''}. Remove {section}.{f.name} (or set its default, "
+            f"{section}.{f.name}={as_yaml(default_of(f))}){alternative}."
+        )
+    component = components[chosen].of(values)
+    component.check()
+    return component
+
+
+def _method_section(method_raw: DictConfig, file_method: Optional[str]) -> DictConfig:
+    """The method section merged onto the named method's schema, its ranges checked.
+
+    Raises:
+        ConfigError: an unknown method, or a key or value the method refuses; for a key of the file's method
+            after ``method.name`` named another, the message says so and names ``method=NAME``.
+    """
+    name = str(method_raw.name)
+    schema = OmegaConf.structured(method_class(name).config_class)
+    try:
+        section = _merge(schema, method_raw, prefix="method.")
+    except ConfigError as error:
+        if file_method is None or file_method == name:
+            raise
+        raise ConfigError(
+            f"{error} The config names method.name={name}, but its method section holds the keys of "
+            f"{file_method}: write method={name} instead of method.name={name} to take {name}'s defaults in place "
+            "of that section."
+        ) from None
+    _check_ranges(OmegaConf.to_object(section), "method")
+    return section
+
+
+def _method_keys(method_raw: DictConfig) -> tuple[str, ...]:
+    """The named method's ``method.*`` keys (its module imported): for a misplaced key's suggestion only."""
+    try:
+        schema = OmegaConf.structured(method_class(str(method_raw.name)).config_class)
+    except ConfigError:
+        return ()
+    return _dotted_keys(schema, "method.")
+
+
+def _refuse_moved(raw: DictConfig) -> None:
+    """Drop the keys of :data:`MOVED` that hold their defaults (saved configs have them).
+
+    Raises:
+        ConfigError: one holds another value (the message names its new key).
+    """
+    defaults = OmegaConf.structured(ExperimentConfig)
+    for old, new in MOVED.items():
+        section, key = old.split(".")
+        if section in raw and key in raw[section]:
+            value = raw[section].pop(key)
+            if value != OmegaConf.select(defaults, new):
+                raise ConfigError(f"{old} is now {new}: write {new}={as_yaml(value)}.")
 
 
 def resume_config(run_dir: Path, overrides: list[str] = ()) -> DictConfig:
@@ -521,7 +331,9 @@ def _read_yaml(path: Path) -> DictConfig:
     return OmegaConf.create(data or {})
 
 
-def _merge(schema: DictConfig, values: Any, prefix: str = "", elsewhere: tuple[str, ...] = ()) -> DictConfig:
+def _merge(
+    schema: DictConfig, values: Any, prefix: str = "", elsewhere: Callable[[], tuple[str, ...]] = tuple
+) -> DictConfig:
     try:
         return OmegaConf.merge(schema, values)
     except ConfigKeyError as e:
@@ -551,7 +363,9 @@ def _dotted_keys(values: Any, prefix: str = "") -> tuple[str, ...]:
     return tuple(key for key, _ in dotted_items(values, prefix))
 
 
-def _unknown_key_message(schema: DictConfig, key: str, prefix: str, elsewhere: tuple[str, ...]) -> str:
+def _unknown_key_message(schema: DictConfig, key: str, prefix: str, elsewhere: Callable[[], tuple[str, ...]]) -> str:
+    """The error for an unknown ``key``: close matches in its section, else anywhere in ``schema`` or among the
+    keys ``elsewhere()`` gives (a section checked later, e.g. the method's: asked only then)."""
     *parents, leaf = key.split(".")
     node = schema
     for part in parents:
@@ -562,7 +376,10 @@ def _unknown_key_message(schema: DictConfig, key: str, prefix: str, elsewhere: t
     section = prefix + ".".join(parents)
     close = [f"'{prefix}{'.'.join(parents + [name])}'" for name in difflib.get_close_matches(leaf, valid, n=3)]
     if not close:  # maybe the key belongs in another section: roundz → federation.rounds
-        candidates = [f"{prefix}{k}" for k in _dotted_keys(schema)] + list(elsewhere)
+        candidates = [f"{prefix}{k}" for k in _dotted_keys(schema)]
+        leaves = {c.rsplit(".", 1)[-1]: c for c in reversed(candidates)}
+        if not difflib.get_close_matches(leaf, list(leaves), n=1):
+            candidates += list(elsewhere())
         leaves = {c.rsplit(".", 1)[-1]: c for c in reversed(candidates)}
         close = [f"'{leaves[name]}'" for name in difflib.get_close_matches(leaf, list(leaves), n=3)]
     hint = f" Did you mean {' or '.join(close)}?" if close else ""

@@ -19,7 +19,7 @@ from plfl.executors import build_executor
 from plfl.federation import FederationLoop
 from plfl.methods import build_method
 from plfl.methods.base import FederationContext
-from plfl.models import build_model
+from plfl.models import models
 from plfl.state import ClientStateStore
 
 
@@ -58,16 +58,12 @@ def run_experiment(
     config: ExperimentConfig = OmegaConf.to_object(cfg)
     L.seed_everything(config.federation.seed, verbose=False)
     data = load_federated_data(config.data, config.federation.seed)
-    model = build_model(
-        input_shape=data.input_shape,
-        num_classes=data.num_classes,
-        vocab_size=data.vocab_size,
-        **OmegaConf.to_container(cfg.model),
-    )
+    model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    context = FederationContext(data, ClientStateStore(len(data.clients)), config, model)
+    store = ClientStateStore(len(data.clients))
+    context = FederationContext(data, store, config.federation, model, config.data.augment)
     method = build_method(config.method, context, initial_params)
-    executor = build_executor(config, data, model)
+    executor = build_executor(config.work, config.executor_options, data, model)
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or run_dir or new_run_dir(Path(cfg.output_dir) / cfg.name)
         write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))

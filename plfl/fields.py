@@ -1,9 +1,11 @@
-"""Config dataclass fields whose values are range-checked when a config is validated.
+"""Config dataclass fields whose values are range-checked when a config is validated, and the components a
+config key chooses by name.
 
-Light on purpose (no torch): the config schemas of ``plfl.config`` and of every
-method (its module in ``plfl.methods``) are built from these, and ``plfl fit`` checks a
-config before anything heavy is imported. Every field carries ``doc``, what its key means:
-``plfl methods`` and the configuration reference of the documentation print it (:func:`key_rows`).
+Light on purpose (no torch): the config schemas of ``plfl.config``, of every component (a data source, a
+partition, a model, an executor: :class:`Component`) and of every method (its module in ``plfl.methods``) are
+built from these, and ``plfl fit`` checks a config before anything heavy is imported. Every field carries
+``doc``, what its key means: ``plfl methods`` and the configuration reference of the documentation print it
+(:func:`key_rows`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import field
-from typing import Any, Callable, Iterable, Union
+from typing import Any, Callable, ClassVar, Iterable, TypeVar, Union
 
 import yaml
 
@@ -34,6 +36,86 @@ def one_of(default: str, choices: Union[tuple[str, ...], Callable[[], Iterable[s
     the registry is imported only when a config is checked)."""
     names = choices if callable(choices) else (lambda: choices)
     return checked(default, lambda v: v in names(), lambda: "one of " + ", ".join(names()), doc)
+
+
+C = TypeVar("C", bound="Component")
+
+
+class Component:
+    """A part of a run that a config key names (``data.source``, ``data.partition``, ``model.name``,
+    ``federation.executor``): a dataclass of the keys it reads, declared beside the code that reads them.
+
+    The subclasses of a family's base class that set ``choice`` (the value of the key that chooses them) are the
+    family's registry (:func:`registry`); a config section holds the keys of all of them (:func:`section`), and
+    the config refuses a key, set to another value than its default, that the chosen component does not read
+    (:func:`readers` names who does).
+    """
+
+    choice: ClassVar[str]
+    # Key → why this component does not read it, said when a config sets it (e.g. resnet18 and batch_norm).
+    notes: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def of(cls: type[C], section: Any) -> C:
+        """This component's keys with their values in ``section`` (a config section that holds them)."""
+        return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls)})
+
+    def check(self) -> None:
+        """Refuse values that each key's range allows but their combination does not (default: none).
+
+        Raises:
+            ConfigError: naming the keys and the fix.
+        """
+
+
+def registry(base: type[C]) -> dict[str, type[C]]:
+    """``choice`` → class, sorted by choice, of every subclass of ``base`` (at any depth) that sets ``choice``."""
+    found, pending = {}, list(base.__subclasses__())
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if "choice" in cls.__dict__:
+            found[cls.choice] = cls
+    return dict(sorted(found.items()))
+
+
+def key_names(schema: type) -> frozenset[str]:
+    """The names of the keys (fields) of the dataclass ``schema``."""
+    return frozenset(f.name for f in dataclasses.fields(schema))
+
+
+def readers(components: dict[str, type], key: str) -> list[str]:
+    """The choices of the ``components`` (choice → class) that read ``key``."""
+    return [name for name, cls in components.items() if key in key_names(cls)]
+
+
+def section(name: str, module: str, common: type, components: Iterable[type], doc: str) -> type:
+    """A config section: the dataclass ``name`` with the keys of ``common`` and then every key of ``components``,
+    each once, defined as a class of ``module`` (so that it pickles by reference, as ``module.name``).
+
+    Raises:
+        TypeError: two components declare a key of the same name apart (share it through a base class).
+    """
+    declared: dict[str, dataclasses.Field] = {}
+    fields = []
+    for cls in (common, *components):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name in declared:
+                if declared[f.name] is not f:
+                    raise TypeError(f"{cls.__name__} declares the key {f.name!r} apart from another component")
+                continue
+            declared[f.name] = f
+            kept = field(default=f.default, default_factory=f.default_factory, metadata=f.metadata)
+            fields.append((f.name, hints[f.name], kept))
+    cls = dataclasses.make_dataclass(name, fields)
+    cls.__module__, cls.__qualname__, cls.__doc__ = module, name, doc
+    return cls
+
+
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default value (a new one from its factory)."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def allowed(f: dataclasses.Field) -> str:
@@ -60,13 +142,13 @@ def key_rows(schema: type, prefix: str) -> list[KeyRow]:
     rows = []
     hints = typing.get_type_hints(schema)
     for f in dataclasses.fields(schema):
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = default_of(f)
         if dataclasses.is_dataclass(default):
             rows += key_rows(type(default), f"{prefix}{f.name}.")
             continue
         rows.append(
             KeyRow(
-                f"{prefix}{f.name}", _type_name(hints[f.name]), _yaml(default), allowed(f), f.metadata.get("doc", "")
+                f"{prefix}{f.name}", _type_name(hints[f.name]), as_yaml(default), allowed(f), f.metadata.get("doc", "")
             )
         )
     return rows
@@ -82,6 +164,6 @@ def _type_name(hint: Any) -> str:
     return {"Any": "mapping"}.get(getattr(hint, "__name__", str(hint)), getattr(hint, "__name__", str(hint)))
 
 
-def _yaml(value: Any) -> str:
+def as_yaml(value: Any) -> str:
     """``value`` as YAML writes it in a flow: null, true, [head, bn], 0.005."""
     return yaml.safe_dump(value, default_flow_style=True, width=1000).strip().removesuffix("\n...").strip()

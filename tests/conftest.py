@@ -11,12 +11,15 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from plfl.callbacks import RunInfo
-from plfl.config import ExperimentConfig, FederationConfig, validate
+from plfl.config import validate
 from plfl.data import ClientData, FederatedData
 from plfl.executors import Executor, SequentialExecutor, drive
+from plfl.executors.options import ClientWorkOptions
 from plfl.federation import FederationLoop
+from plfl.methods import method_class
 from plfl.methods.base import FederationContext
 from plfl.models import build_model
+from plfl.sections import FederationConfig, TrainerConfig
 from plfl.state import ClientStateStore
 from plfl.tasks import ClientFailure, resolved
 
@@ -85,9 +88,9 @@ def last_metrics(run_dir: Path) -> dict[str, str]:
 def make_context(data: FederatedData, model: Optional[nn.Module] = None, **federation) -> tuple:
     """(A FederationContext over ``data``, its architecture): ``model``, by default an MLP with 16 hidden units;
     ``federation`` options over lr 0.1 and batch size 5."""
-    model = model or build_model("mlp", data.input_shape, data.num_classes, [16])
-    config = ExperimentConfig(federation=FederationConfig(**{"lr": 0.1, "batch_size": 5, **federation}))
-    return FederationContext(data, ClientStateStore(len(data.clients)), config, model), model
+    model = model or build_model("mlp", data.input_shape, data.num_classes, hidden_sizes=[16])
+    options = FederationConfig(**{"lr": 0.1, "batch_size": 5, **federation})
+    return FederationContext(data, ClientStateStore(len(data.clients)), options, model), model
 
 
 _executors: dict[int, tuple[FederationContext, SequentialExecutor]] = {}
@@ -96,7 +99,8 @@ _executors: dict[int, tuple[FederationContext, SequentialExecutor]] = {}
 def sequential(context: FederationContext) -> SequentialExecutor:
     """The sequential executor of ``context``'s config and architecture (one per context)."""
     if id(context) not in _executors or _executors[id(context)][0] is not context:
-        _executors[id(context)] = context, SequentialExecutor.of(context.config, context.data, context.architecture)
+        work = ClientWorkOptions(context.federation, TrainerConfig(), context.augment)
+        _executors[id(context)] = context, SequentialExecutor.of(work, context.data, context.architecture)
     return _executors[id(context)][1]
 
 
@@ -117,22 +121,9 @@ def run_loop(method, context: FederationContext, executor: Optional[Executor] = 
     return loop
 
 
-# The executor matrix: every method on the digits federation below, with these options (the others' defaults):
-# FedAvg with momentum and short last batches (n mod 7 ≠ 0), FedBN on its BatchNorm model, Self-FL and
-# PartialFed-Adaptive past their warm-ups within the 3 rounds.
-MATRIX_OPTIONS = {
-    "fedavg": {"federation.momentum": 0.5, "federation.batch_size": 7},
-    "fedala": {"method.p": 2},
-    "fedbn": {"model.batch_norm": True},
-    "fedprox": {"method.mu": 0.1},
-    "heurpfedla": {"method.k": 1},
-    "selffl": {"method.warmup_rounds": 1, "method.l_max": 5},
-    "partialfed": {"method.strategy": "adaptive", "method.warmup_rounds": 1},
-}
-
-
 def matrix_config(output_dir: Path, method: str, executor: str, **overrides):
-    """A validated config of ``method`` on 5 digits clients (MLP, 3 rounds) run by ``executor``."""
+    """A validated config of ``method`` on 5 digits clients (MLP, 3 rounds) run by ``executor``, with the
+    method's own ``matrix_options`` (the executor matrix: every method on every executor)."""
     base = {
         "output_dir": str(output_dir),
         "progress_bar": False,
@@ -141,7 +132,7 @@ def matrix_config(output_dir: Path, method: str, executor: str, **overrides):
         "federation": {"rounds": 3, "lr": 0.05, "batch_size": 20, "executor": executor},
         "method": {"name": method},
     }
-    options = {**MATRIX_OPTIONS.get(method, {}), **overrides}
+    options = {**method_class(method).__dict__.get("matrix_options", {}), **overrides}
     return validate(OmegaConf.merge(base, OmegaConf.from_dotlist([f"{k}={v}" for k, v in options.items()])))
 
 

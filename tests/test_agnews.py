@@ -9,9 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from plfl.config import DataConfig, load_config, validate
+from plfl.config import load_config, validate
 from plfl.data import load_federated_data
-from plfl.data.agnews import read_agnews
+from plfl.data.sources import AGNews, DataConfig
 from plfl.data.text import PAD_ID, UNK_ID, encode, train_tokenizer
 from plfl.errors import ConfigError, DataError
 from plfl.experiment import run_experiment
@@ -40,13 +40,14 @@ def write_agnews(root: Path, train_rows: int = 48, test_rows: int = 16) -> Path:
     return root
 
 
-def agnews_config(root: Path, **overrides) -> DataConfig:
-    return DataConfig(source="agnews", root=str(root), **overrides)
+def agnews_config(root: Path, **overrides) -> AGNews:
+    """The agnews source's keys over ``root``."""
+    return AGNews(source="agnews", root=str(root), **overrides)
 
 
 def error_of(root: Path, **overrides) -> str:
     with pytest.raises(DataError) as info:
-        read_agnews(agnews_config(root, **overrides))
+        agnews_config(root, **overrides).read()
     return str(info.value)
 
 
@@ -56,7 +57,7 @@ def error_of(root: Path, **overrides) -> str:
 def test_reader_pools_train_then_test_rows_with_rfc4180_quoting(tmp_path):
     (tmp_path / "train.csv").write_text('"3","Fed, banks","Rates ""rise""\non Monday"\n"1","A","b"\n')
     (tmp_path / "test.csv").write_text('"4","Chips","Faster"\n')
-    texts, labels, num_classes = read_agnews(agnews_config(tmp_path))
+    texts, labels, num_classes = agnews_config(tmp_path).read()
     assert list(texts) == ['Fed, banks Rates "rise"\non Monday', "A b", "Chips Faster"]
     assert labels.tolist() == [2, 0, 3] and labels.dtype == torch.int64
     assert num_classes == 4
@@ -65,7 +66,7 @@ def test_reader_pools_train_then_test_rows_with_rfc4180_quoting(tmp_path):
 def test_reader_takes_the_configured_file_names(tmp_path):
     write_agnews(tmp_path)
     (tmp_path / "train.csv").rename(tmp_path / "train_first48.csv")
-    texts, labels, _ = read_agnews(agnews_config(tmp_path, train_file="train_first48.csv"))
+    texts, labels, _ = agnews_config(tmp_path, train_file="train_first48.csv").read()
     assert len(texts) == len(labels) == 64
 
 
@@ -78,7 +79,7 @@ def test_missing_file_names_the_path_and_the_key(tmp_path):
 
 def test_unset_root_says_to_set_it():
     with pytest.raises(DataError, match="data.source=agnews needs data.root"):
-        read_agnews(DataConfig(source="agnews"))
+        AGNews(source="agnews").read()
 
 
 @pytest.mark.parametrize(
@@ -133,8 +134,8 @@ def test_federation_vocabulary_is_trained_on_exactly_the_clients_training_texts(
         seen.extend(texts)
         return train_tokenizer(texts, vocab_size)
 
-    monkeypatch.setattr("plfl.data.sources.train_tokenizer", recording)
-    cfg = agnews_config(write_agnews(tmp_path), num_clients=3, partition="iid", max_length=8)
+    monkeypatch.setattr("plfl.data.text.train_tokenizer", recording)
+    cfg = DataConfig(source="agnews", root=str(write_agnews(tmp_path)), num_clients=3, partition="iid", max_length=8)
     data = load_federated_data(cfg, seed=0)
     x_train = torch.cat([c.x_train for c in data.clients])
     x_test = torch.cat([c.x_test for c in data.clients])
@@ -147,7 +148,7 @@ def test_federation_vocabulary_is_trained_on_exactly_the_clients_training_texts(
 
 
 def test_the_same_seed_gives_the_same_token_ids(tmp_path):
-    cfg = agnews_config(write_agnews(tmp_path), num_clients=3, partition="iid", max_length=8)
+    cfg = DataConfig(source="agnews", root=str(write_agnews(tmp_path)), num_clients=3, partition="iid", max_length=8)
     first, second = load_federated_data(cfg, seed=1), load_federated_data(cfg, seed=1)
     assert first.vocab_size == second.vocab_size
     assert all(torch.equal(a.x_train, b.x_train) for a, b in zip(first.clients, second.clients))
@@ -155,7 +156,7 @@ def test_the_same_seed_gives_the_same_token_ids(tmp_path):
 
 def test_text_keys_with_another_source_are_refused():
     with pytest.raises(ConfigError, match="data.vocab_size=100 is read only by data.source=agnews"):
-        DataConfig(source="digits", vocab_size=100)
+        validate(OmegaConf.create({"data": {"source": "digits", "vocab_size": 100}}))
 
 
 # ---------------------------------------------------------------- models

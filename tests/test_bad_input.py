@@ -46,7 +46,7 @@ def agnews(tmp_path: Path, train_csv: str) -> list[str]:
     root.mkdir()
     (root / "train.csv").write_text(train_csv)
     (root / "test.csv").write_text('"1","Title","Text"\n')
-    return ["--config", QUICKSTART, "data.source=agnews", f"data.root={root}", "model.name=fasttext"]
+    return ["--config", QUICKSTART, "data.source=agnews", f"data.root={root}", "model=fasttext"]
 
 
 def malformed_yaml(tmp_path):
@@ -90,16 +90,16 @@ CASES = {
     ),
     "unknown method": (
         lambda t: ["--config", QUICKSTART, "method.name=fedrox"],
-        f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(methods()))}.",
+        f"Unknown method.name 'fedrox'. Did you mean 'fedprox'? Valid names: {', '.join(sorted(methods()))}.",
     ),
     "unknown model": (
         lambda t: ["--config", QUICKSTART, "model.name=vgg16"],
-        "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer, lstm; got 'vgg16'.",
+        "Config key 'model.name' must be one of cnn, fasttext, lenet5, lstm, mlp, resnet18, transformer; got 'vgg16'.",
     ),
     "unknown data set": (
         lambda t: ["--config", QUICKSTART, "data.source=imagenet"],
-        "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, cifar100, "
-        "agnews, imagefolder, pfllib, shakespeare, leaf; got 'imagenet'.",
+        "Config key 'data.source' must be one of agnews, cifar10, cifar100, digits, fashionmnist, "
+        "imagefolder, leaf, mnist, pfllib, shakespeare; got 'imagenet'.",
     ),
     "data root missing offline": (
         lambda t: ["--config", QUICKSTART, "data.source=mnist", f"data.root={t / 'none'}"],
@@ -146,7 +146,7 @@ CASES = {
         "{t}/ag_news/train.csv, line 2: class '7' is not one of 1, 2, 3, 4",
     ),
     "play text without speaker headings": (
-        lambda t: ["--config", QUICKSTART, "data.source=shakespeare", f"data.root={prose(t)}", "model.name=lstm"],
+        lambda t: ["--config", QUICKSTART, "data.source=shakespeare", f"data.root={prose(t)}", "model=lstm"],
         "{t}/prose.txt has no speaker headings. data.source=shakespeare needs a play text",
     ),
     "resume a directory that is not a run": (

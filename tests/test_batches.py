@@ -10,8 +10,10 @@ from plfl.batches import epoch_order, epoch_size, last_batch_minimum, padded_row
 from plfl.data import ClientData, FederatedData
 from plfl.errors import PlflWarning
 from plfl.executors import VectorizedExecutor
+from plfl.executors.options import ClientWorkOptions, Vectorized
 from plfl.methods import method_class, methods
 from plfl.models import build_model
+from plfl.sections import TrainerConfig
 
 from conftest import make_context, run_loop, sequential
 
@@ -60,15 +62,14 @@ def odd_clients() -> FederatedData:
 def test_no_method_leaves_a_client_out_for_a_batch_norm_batch_of_one(odd_clients, name, executor):
     """Every method with a BatchNorm model and batch size 5 trains both clients in both rounds: no batch (or
     sub-batch) of one sample reaches BatchNorm, whatever loop the method's training takes."""
-    model = build_model("mlp", odd_clients.input_shape, odd_clients.num_classes, [16], batch_norm=True)
+    model = build_model("mlp", odd_clients.input_shape, odd_clients.num_classes, hidden_sizes=[16], batch_norm=True)
     context, _ = make_context(odd_clients, model=model, rounds=2)
     cls = method_class(name)
     method = cls(cls.config_class(), context, {k: v.clone() for k, v in model.state_dict().items()})
     runner = sequential(context)
     if executor == "vectorized":
-        runner = VectorizedExecutor(
-            odd_clients, model, context.federation, torch.device("cpu"), "32-true", False, runner
-        )
+        work = ClientWorkOptions(context.federation, TrainerConfig())
+        runner = VectorizedExecutor(odd_clients, model, work, Vectorized(), torch.device("cpu"), runner)
     with warnings.catch_warnings():
         warnings.simplefilter("error", PlflWarning)  # a client left out warns
         loop = run_loop(method, context, runner)

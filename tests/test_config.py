@@ -26,9 +26,8 @@ def error_of(*overrides, path=QUICKSTART) -> str:
         (
             "federation.roundz=3",
             "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
-            "Valid keys in section 'federation': batch_size, cohort_size, cuda_graphs, eval_every, "
-            "executor, join_ratio, local_epochs, lr, max_failed_clients, momentum, rounds, seed, "
-            "state_offload.",
+            "Valid keys in section 'federation': batch_size, eval_every, executor, join_ratio, local_epochs, lr, "
+            "max_failed_clients, momentum, rounds, seed, state_offload.",
         ),
         ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
         (
@@ -39,19 +38,24 @@ def error_of(*overrides, path=QUICKSTART) -> str:
         ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
         (
             "federation.executor=spark",
-            "Config key 'federation.executor' must be one of sequential, vectorized, ray; got 'spark'.",
+            "Config key 'federation.executor' must be one of ray, sequential, vectorized; got 'spark'.",
         ),
         (
-            "federation.cuda_graphs=false",
-            "federation.cuda_graphs=false is read only by federation.executor=vectorized, "
-            "not by federation.executor=sequential. Remove federation.cuda_graphs or set "
+            "vectorized.cuda_graphs=false",
+            "vectorized.cuda_graphs=false is read only by federation.executor=vectorized, "
+            "not by federation.executor=sequential. Remove vectorized.cuda_graphs or set "
             "federation.executor=vectorized.",
         ),
+        (
+            "vectorized.cohort_size=8",
+            "vectorized.cohort_size=8 is read only by federation.executor=vectorized, not by "
+            "federation.executor=sequential. Remove vectorized.cohort_size or set "
+            "federation.executor=vectorized.",
+        ),
+        # The executors' keys moved to their own sections: the old key is refused naming the new one.
         (
             "federation.cohort_size=8",
-            "federation.cohort_size=8 is read only by federation.executor=vectorized, not by "
-            "federation.executor=sequential. Remove federation.cohort_size or set "
-            "federation.executor=vectorized.",
+            "federation.cohort_size is now vectorized.cohort_size: write vectorized.cohort_size=8.",
         ),
         (
             "federation.state_offload=maybe",
@@ -67,15 +71,18 @@ def error_of(*overrides, path=QUICKSTART) -> str:
         ("method.s=0", "Config key 'method.s' must be a percentage in (0, 100]; got 0.0."),
         (
             "data.source=imagenet",
-            "Config key 'data.source' must be one of digits, mnist, fashionmnist, cifar10, "
-            "cifar100, agnews, imagefolder, pfllib, shakespeare, leaf; got 'imagenet'.",
+            "Config key 'data.source' must be one of agnews, cifar10, cifar100, digits, fashionmnist, "
+            "imagefolder, leaf, mnist, pfllib, shakespeare; got 'imagenet'.",
         ),
         (
             "model.name=vgg",
-            "Config key 'model.name' must be one of cnn, mlp, resnet18, lenet5, fasttext, transformer, lstm; "
+            "Config key 'model.name' must be one of cnn, fasttext, lenet5, lstm, mlp, resnet18, transformer; "
             "got 'vgg'.",
         ),
-        ("method.name=fedrox", f"Unknown method.name 'fedrox'; valid names: {', '.join(sorted(methods()))}."),
+        (
+            "method.name=fedrox",
+            f"Unknown method.name 'fedrox'. Did you mean 'fedprox'? Valid names: {', '.join(sorted(methods()))}.",
+        ),
         ("federation.rounds", "Override 'federation.rounds' is not of the form key=value"),
     ],
 )
@@ -126,8 +133,8 @@ def test_a_methods_own_bad_keys_are_refused(config, override, message):
 
 def test_cohort_size_is_checked_for_the_vectorized_executor():
     assert (
-        error_of("federation.executor=vectorized", "federation.cohort_size=0")
-        == "Config key 'federation.cohort_size' must be null or an integer >= 1; got 0."
+        error_of("federation.executor=vectorized", "vectorized.cohort_size=0")
+        == "Config key 'vectorized.cohort_size' must be null or an integer >= 1; got 0."
     )
 
 
@@ -150,7 +157,7 @@ def test_overrides_interpolation_and_defaults():
 
 def test_relative_data_root_resolves_against_cwd(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(QUICKSTART, ["data.root=some/dir"])
+    cfg = load_config(QUICKSTART, ["data.source=pfllib", "data.root=some/dir"])
     assert cfg.data.root == str(tmp_path / "some" / "dir")
 
 
@@ -175,9 +182,30 @@ def test_ala_switches_on_for_fedavg():
     assert "Unknown config key 'method.ala.q'" in error_of("method.ala.q=1", path=fedavg)
 
 
-def test_keys_of_another_method_are_refused():
+def test_keys_of_another_method_are_refused_naming_the_switch():
     # quickstart.yaml sets FedALA's s, p, eta: FedAvg has no such keys.
-    assert "Unknown config key 'method.s'. Valid keys in section 'method': ala, name." in error_of("method.name=fedavg")
+    message = error_of("method.name=fedavg")
+    assert message.startswith("Unknown config key 'method.s'. Valid keys in section 'method': ala, name.")
+    assert "its method section holds the keys of fedala: write method=fedavg instead of method.name=fedavg" in message
+
+
+def test_method_switch_takes_the_new_methods_defaults_and_later_keys():
+    cfg = load_config(QUICKSTART, ["method=fedprox", "method.mu=0.5"])
+    assert dict(cfg.method) == {"name": "fedprox", "ala": None, "mu": 0.5}
+    assert load_config(QUICKSTART, ["method.p=1", "method=fedavg"]).method == {"name": "fedavg", "ala": None}
+    assert cfg.name == "quickstart" and cfg.data.num_clients == 20  # the rest of the file stays
+
+
+def test_model_switch_takes_the_new_models_defaults():
+    # quickstart.yaml sets the MLP's hidden_sizes, which the CNN does not read.
+    message = error_of("model.name=cnn")
+    assert message == (
+        "model.hidden_sizes=[64] is read only by model.name=mlp, not by model.name=cnn. Remove model.hidden_sizes "
+        "(or set its default, model.hidden_sizes=[200]), or set model.name=mlp; model=cnn takes cnn's defaults in "
+        "place of the section."
+    )
+    cfg = load_config(QUICKSTART, ["model=cnn", "model.batch_norm=true"])
+    assert cfg.model.name == "cnn" and cfg.model.batch_norm and cfg.model.hidden_sizes == [200]
 
 
 def test_a_key_in_the_wrong_section_suggests_its_full_dotted_key():

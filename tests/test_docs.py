@@ -19,7 +19,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from plfl.config import ExperimentConfig, dotted_items
-from plfl.methods import methods
+from plfl.methods import method_class, methods, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
@@ -326,6 +326,16 @@ def test_every_page_installs_plfl_with_the_extras_the_readme_and_ci_name():
             where = page.relative_to(ROOT)
             assert target.startswith("'.["), f"{where} installs plfl as {target}, the README as '.[dev]'"
             assert "-c constraints.txt" not in options or target == ci, f"{where}: CI installs {ci}, not {target}"
+
+
+def test_the_readme_methods_table_is_the_registrys():
+    """Each row of the README's method table names a registered method with its own summary (the first line of
+    its class docstring, as ``plfl methods`` prints it) and a config of that method."""
+    rows = re.findall(r"^\| `(\w+)` \| (.+?) \| `(\S+\.yaml)` \|$", (ROOT / "README.md").read_text(), re.MULTILINE)
+    assert len(rows) >= 4
+    for name, text, config in rows:
+        assert text == summary(method_class(name)).rstrip("."), name
+        assert OmegaConf.load(ROOT / "configs" / config).method.name == name
 
 
 def test_the_readme_stays_short():

@@ -14,17 +14,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from plfl.batches import training_rows
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.client import ClientModule
-from plfl.config import ExperimentConfig, FederationConfig, TrainerConfig
 from plfl.data import ClientData, FederatedData
 from plfl.errors import ConfigError, PlflWarning
 from plfl.executors import VectorizedExecutor, build_executor, drive
 from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms
+from plfl.executors.options import ClientWorkOptions, Vectorized
 from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
 from plfl.methods import methods
 from plfl.methods.ala import ALAConfig, local_aggregation
 from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig
 from plfl.models import build_model
+from plfl.sections import FederationConfig, TrainerConfig
 from plfl.tasks import ClientFailure, EvalTask, ProximalTerm, StepTask, TrainResult, TrainTask
 
 from conftest import make_context, matrix_config, run_results, sequential
@@ -32,9 +33,10 @@ from conftest import make_context, matrix_config, run_results, sequential
 
 def vectorized(context, cohort_size=None, augment=False) -> VectorizedExecutor:
     """The vectorized executor of ``context`` on the CPU, falling back to its sequential one."""
-    federation = FederationConfig(**{**vars(context.federation), "executor": "vectorized", "cohort_size": cohort_size})
+    federation = FederationConfig(**{**vars(context.federation), "executor": "vectorized"})
+    work, options = ClientWorkOptions(federation, TrainerConfig(), augment), Vectorized(cohort_size=cohort_size)
     return VectorizedExecutor(
-        context.data, context.architecture, federation, torch.device("cpu"), "32-true", augment, sequential(context)
+        context.data, context.architecture, work, options, torch.device("cpu"), sequential(context)
     )
 
 
@@ -67,7 +69,7 @@ def test_vectorized_runs_every_method_as_sequential(tmp_path, sequential_results
     sequential executor's accuracies (to 4 decimals) and final models (to 1e-5), with no fallback."""
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
-        run_dir, _ = run_experiment(matrix_config(tmp_path, method, "vectorized", **{"federation.cohort_size": 3}))
+        run_dir, _ = run_experiment(matrix_config(tmp_path, method, "vectorized", **{"vectorized.cohort_size": 3}))
     metrics, clients, models = run_results(run_dir)
     expected_metrics, expected_clients, expected_models = sequential_results(method)
     for rows, expected in ((metrics, expected_metrics), (clients, expected_clients)):
@@ -124,7 +126,7 @@ def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
     sequential = run(digits_config, "sequential", **options)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
-        vectorized = run(digits_config, "vectorized", **options, **{"federation.cohort_size": 3})
+        vectorized = run(digits_config, "vectorized", **options, **{"vectorized.cohort_size": 3})
     for one, other in zip(sequential[:2], vectorized[:2]):
         assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
     for one, other in zip(sequential[2], vectorized[2]):
@@ -177,7 +179,7 @@ def test_a_step_cuda_cannot_capture_runs_without_graphs_after_one_notice(monkeyp
     steps = StepGraphs(capture=True, warmup=2)
     with pytest.warns(
         PlflWarning,
-        match=r"^federation.cuda_graphs: capturing a lock-step step failed \(operation "
+        match=r"^vectorized.cuda_graphs: capturing a lock-step step failed \(operation "
         r"not permitted when stream is capturing\); the vectorized executor runs "
         r"its steps without CUDA graphs.$",
     ):
@@ -203,7 +205,9 @@ def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
     """A CUDA graph's capture needs warm-up calls of the step first; the tensors they train (BatchNorm statistics,
     momentum, loss sums; a method's step state and losses, here ALA's) or count into (evaluation) are restored
     after, so that each client still takes exactly its own steps."""
-    model = build_model("mlp", tiny_federation.input_shape, tiny_federation.num_classes, [16], batch_norm=True)
+    model = build_model(
+        "mlp", tiny_federation.input_shape, tiny_federation.num_classes, hidden_sizes=[16], batch_norm=True
+    )
     context, _ = make_context(tiny_federation, model=model, momentum=0.5)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     anchor = {k: v + 0.1 for k, v in start.items()}
@@ -356,15 +360,13 @@ def test_a_subset_of_the_training_split_trains_and_evaluates_on_those_samples_on
 
 def test_vectorized_needs_a_device_it_knows(tiny_federation):
     _, model = make_context(tiny_federation)
-    config = ExperimentConfig(
-        federation=FederationConfig(executor="vectorized"), trainer=TrainerConfig(accelerator="tpu")
-    )
+    work = ClientWorkOptions(FederationConfig(executor="vectorized"), TrainerConfig(accelerator="tpu"))
     with pytest.raises(
         ConfigError,
         match="federation.executor=vectorized runs on trainer.accelerator cpu, gpu, cuda, "
         "mps or auto, not tpu. Set federation.executor=sequential.",
     ):
-        build_executor(config, tiny_federation, model)
+        build_executor(work, Vectorized(), tiny_federation, model)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,8 @@ import torch
 from plfl.config import load_config
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
-from plfl.methods.fedavg_c import FedAvgC, FedAvgCConfig, FedProxC, FedProxCConfig
+from plfl.methods.fedavg_c import FedAvgC, FedAvgCConfig
+from plfl.methods.fedprox_c import FedProxC, FedProxCConfig
 from plfl.seeding import derive_seed
 from plfl.tasks import ProximalTerm
 

@@ -15,7 +15,9 @@ BN_KEYS = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked
 
 
 def make_method(data, batch_norm=True):
-    context, model = make_context(data, build_model("mlp", data.input_shape, data.num_classes, [16, 8], batch_norm))
+    context, model = make_context(
+        data, build_model("mlp", data.input_shape, data.num_classes, hidden_sizes=[16, 8], batch_norm=batch_norm)
+    )
     return FedBN(FedBN.config_class(), context, {k: v.clone() for k, v in model.state_dict().items()}), context
 
 

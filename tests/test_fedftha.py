@@ -3,7 +3,8 @@
 import torch
 
 from plfl.experiment import run_experiment
-from plfl.methods.fedftha import FedFT, FedFTHA, FedFTHAConfig
+from plfl.methods.fedft import FedFT
+from plfl.methods.fedftha import FedFTHA, FedFTHAConfig
 
 from conftest import last_metrics, make_context, run_hook, sequential
 

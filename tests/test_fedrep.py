@@ -3,12 +3,11 @@
 import pytest
 import torch
 
-from plfl.executors import SequentialExecutor
 from plfl.experiment import run_experiment
 from plfl.methods.fedrep import FedRep, FedRepConfig
 from plfl.seeding import derive_seed
 
-from conftest import last_metrics, make_context, run_hook
+from conftest import last_metrics, make_context, run_hook, sequential
 
 
 def make_method(data, **keys):
@@ -21,7 +20,7 @@ def test_head_epochs_leave_body_bit_identical_and_body_epochs_leave_head_bit_ide
     received = method.server_message(1, round_=0)
     start = method.pre_local_init(1, received, round_=0)
     calls = []  # (task, result) of each training
-    executor = SequentialExecutor.of(context.config, context.data, context.architecture)
+    executor = sequential(context)
     train = executor.train
 
     def recorded(tasks):

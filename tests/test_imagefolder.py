@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import plfl.data.imagefolder as imagefolder
-from plfl.config import DataConfig, load_config
+from plfl.config import DataConfig, load_config, validate
 from plfl.data import load_federated_data
 from plfl.data.augment import random_crop_flip
 from plfl.data.imagefolder import load_image_folder
@@ -196,7 +196,7 @@ def test_missing_root_and_cache_inside_the_data_are_refused(tmp_path):
 
 def test_cache_dir_with_another_source_is_refused():
     with pytest.raises(ConfigError, match="data.cache_dir=.* is read only by data.source=imagefolder"):
-        DataConfig(source="digits", cache_dir="/tmp/x")
+        validate(OmegaConf.create({"data": {"source": "digits", "cache_dir": "/tmp/x"}}))
 
 
 def test_partitioned_over_clients_with_75_25_splits(tmp_path):

@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from plfl.cli import main
-from plfl.config import DataConfig, load_config
+from plfl.config import DataConfig, load_config, validate
 from plfl.data import load_federated_data
 from plfl.errors import ConfigError, DataError
 
@@ -274,12 +274,12 @@ def test_image_shape_is_required_and_named_with_the_row_length(tmp_path):
         ({"source": "digits", "image_shape": [1, 8, 8]}, "data.image_shape=[1, 8, 8] is read only by data.source=leaf"),
         ({"source": "pfllib", "num_classes": 10}, "data.num_classes=10 is read only by data.source=leaf"),
         ({"source": "leaf", "beta": 0.5}, "data.beta=0.5 has no effect: data.source=leaf keeps the users"),
-        ({"source": "leaf", "repartition": True}, "data.repartition=true applies only to data.source=pfllib"),
+        ({"source": "leaf", "repartition": True}, "data.repartition=true is read only by data.source=pfllib"),
     ],
 )
 def test_leaf_keys_and_partition_keys_are_refused_where_they_have_no_effect(keys, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
-        DataConfig(**keys)
+        validate(OmegaConf.create({"data": keys}))
 
 
 def test_image_shape_range_is_checked():

@@ -13,7 +13,7 @@ from plfl.models import build_model
 
 @pytest.mark.parametrize("shape, flat", [((1, 28, 28), 1024), ((3, 32, 32), 1600)])
 def test_cnn_flattened_dimension_and_head(shape, flat):
-    model = build_model("cnn", shape, 10, [])
+    model = build_model("cnn", shape, 10)
     assert model.body[7].in_features == flat  # the fc 512 layer after two conv/pool stages
     assert model.head.in_features == 512 and model.head.out_features == 10
     names = [n for n, _ in model.named_parameters()]
@@ -24,7 +24,7 @@ def test_cnn_flattened_dimension_and_head(shape, flat):
 @pytest.mark.parametrize("shape, flat, params", [((3, 32, 32), 400, 62_006), ((1, 28, 28), 256, 44_426)])
 def test_lenet5_layers_and_parameter_count(shape, flat, params):
     """62,006 parameters on CIFAR-10: 456 + 2,416 (convs) + 48,120 + 10,164 (fc 120, fc 84) + 850 (head)."""
-    model = build_model("lenet5", shape, 10, [])
+    model = build_model("lenet5", shape, 10)
     assert [m.out_channels for m in model.body if isinstance(m, nn.Conv2d)] == [6, 16]
     assert [(m.in_features, m.out_features) for m in model.body if isinstance(m, nn.Linear)] == [(flat, 120), (120, 84)]
     assert (model.head.in_features, model.head.out_features) == (84, 10)
@@ -33,10 +33,10 @@ def test_lenet5_layers_and_parameter_count(shape, flat, params):
 
 
 def test_resnet18_and_mlp_expose_body_and_head():
-    resnet = build_model("resnet18", (1, 28, 28), 7, [])
+    resnet = build_model("resnet18", (1, 28, 28), 7)
     assert resnet.body(torch.zeros(2, 1, 28, 28)).shape == (2, 512)
     assert resnet(torch.zeros(2, 1, 28, 28)).shape == (2, 7)
-    mlp = build_model("mlp", (1, 8, 8), 10, [32, 16])
+    mlp = build_model("mlp", (1, 8, 8), 10, hidden_sizes=[32, 16])
     assert mlp.body(torch.zeros(3, 1, 8, 8)).shape == (3, 16)
 
 
@@ -44,7 +44,7 @@ def test_cnn_on_too_small_images_says_what_to_use():
     with pytest.raises(
         ConfigError, match="needs images of at least 16×16 pixels; the data are 8×8. Use model.name=mlp"
     ):
-        build_model("cnn", (1, 8, 8), 10, [])
+        build_model("cnn", (1, 8, 8), 10)
 
 
 @pytest.mark.parametrize(
@@ -56,8 +56,9 @@ def test_cnn_on_too_small_images_says_what_to_use():
     ],
 )
 def test_batch_norm_option_puts_a_batch_norm_before_every_relu(name, shape, norms):
-    plain = list(build_model(name, shape, 10, [32, 16]).body)
-    body = list(build_model(name, shape, 10, [32, 16], batch_norm=True).body)
+    keys = {"hidden_sizes": [32, 16]} if name == "mlp" else {}
+    plain = list(build_model(name, shape, 10, **keys).body)
+    body = list(build_model(name, shape, 10, **keys, batch_norm=True).body)
     assert [type(m) for m in body if not isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d))] == list(map(type, plain))
     found = [
         (type(body[i]), body[i - 1], body[i + 1])
@@ -78,7 +79,7 @@ def test_batch_norm_with_resnet18_is_refused(tmp_path):
 def test_a_last_batch_of_one_sample_is_left_out_with_batch_norm(tiny_federation):
     client = tiny_federation.clients[0]
     x, y = client.x_train[:6], client.y_train[:6]  # batches of 5 and 1
-    model = build_model("mlp", (8,), 3, [4], batch_norm=True)
+    model = build_model("mlp", (8,), 3, hidden_sizes=[4], batch_norm=True)
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
         model.train()(x[:1])  # why: BatchNorm cannot normalise one sample in training
     trainer = LocalTrainer(ClientModule(model, 3, lr=0.1), build_trainer("cpu", 1, "32-true"), 5)

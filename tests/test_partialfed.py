@@ -25,7 +25,9 @@ def make_method(data, model=None, **keys):
 
 
 def test_fix_keeps_exactly_the_named_layers_local_batch_norm_statistics_included(tiny_federation):
-    model = build_model("mlp", tiny_federation.input_shape, tiny_federation.num_classes, [16], batch_norm=True)
+    model = build_model(
+        "mlp", tiny_federation.input_shape, tiny_federation.num_classes, hidden_sizes=[16], batch_norm=True
+    )
     method, context = make_method(tiny_federation, model)  # the default: head and BatchNorm layers local
     local = {
         "head.weight",

@@ -164,7 +164,7 @@ def test_pfllib_without_repartition_keeps_its_clients(tmp_path):
     [
         (
             ["data.source=mnist", "data.repartition=true"],
-            r"data.repartition=true applies only to data.source=pfllib; data.source=mnist",
+            r"data.repartition=true is read only by data.source=pfllib, not by data.source=mnist",
         ),
         (
             ["data.source=pfllib", "data.partition=classes"],
@@ -177,7 +177,7 @@ def test_pfllib_without_repartition_keeps_its_clients(tmp_path):
         ),
         (
             ["data.partition=iid", "data.classes_per_client=4"],
-            r"data.classes_per_client=4 is read only by data.partition=pathological or classes",
+            r"data.classes_per_client=4 is read only by data.partition=classes or pathological",
         ),
         (
             ["data.partition=dirichlet", "data.dominant_fraction=0.9"],

@@ -13,9 +13,8 @@ from plfl.data import ClientData, FederatedData
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.methods.base import nbytes
+from plfl.methods.heurpfedla import HeurpFedLA, HeurpFedLAConfig
 from plfl.methods.pfedla import (
-    HeurpFedLA,
-    HeurpFedLAConfig,
     LayerWeightNet,
     PFedLA,
     PFedLAConfig,
@@ -99,7 +98,7 @@ def test_clients_train_from_the_personalized_model(tiny_federation):
 
 
 def test_heurpfedla_sends_less_and_retained_layers_stay_local(tiny_federation):
-    model = build_model("mlp", tiny_federation.input_shape, tiny_federation.num_classes, [16])
+    model = build_model("mlp", tiny_federation.input_shape, tiny_federation.num_classes, hidden_sizes=[16])
     pfedla, _ = make_method(tiny_federation, model=model)
     heur0, _ = make_method(tiny_federation, HeurpFedLAConfig(k=0), model=model, method=HeurpFedLA)
     for i in range(4):  # k = 0 is pFedLA (same seeded hypernetworks)

@@ -5,7 +5,6 @@ first, because ``ray stop`` stops every Ray on the machine.
 """
 
 import csv
-import dataclasses
 import json
 import os
 import re
@@ -22,12 +21,14 @@ import pytest
 import torch
 
 from plfl.cli import main
-from plfl.config import RayConfig, load_config, resume_config
+from plfl.config import load_config, resume_config
 from plfl.data import FederatedData
 from plfl.errors import ConfigError
+from plfl.executors.options import ClientWorkOptions, Ray
 from plfl.executors.ray_actors import ClientWorker, RayExecutor
 from plfl.experiment import run_experiment
 from plfl.methods import methods
+from plfl.sections import TrainerConfig
 from plfl.sweep import run_sweep
 from plfl.tasks import ClientFailure, TrainTask
 
@@ -196,7 +197,8 @@ def test_an_actor_that_dies_mid_round_is_replaced_and_the_run_resumes_on_ray(loc
 def test_a_second_death_fails_the_client_and_a_plfl_error_reaches_the_driver(local_ray, tiny_federation, monkeypatch):
     monkeypatch.setattr(RayExecutor, "worker", Faulty)
     context, model = make_context(tiny_federation)
-    executor = RayExecutor(dataclasses.replace(context.config, ray=RayConfig(num_actors=2)), tiny_federation, model)
+    work = ClientWorkOptions(context.federation, TrainerConfig())
+    executor = RayExecutor(Ray(num_actors=2), work, tiny_federation, model)
     try:
         start = {k: v.clone() for k, v in model.state_dict().items()}
         tasks = [TrainTask(i, start, seed=i, epochs=1) for i in range(3)]

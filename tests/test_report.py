@@ -27,8 +27,9 @@ from plotly.offline import get_plotlyjs
 from plfl.cli import main
 from plfl.config import validate
 from plfl.errors import PlflError
+from plfl.methods.selffl import SelfFL
 from plfl.report import load_runs, write_report
-from plfl.report.figures import accuracy_figure, all_figures, communication_figure, seconds_figure, selffl_figure
+from plfl.report.figures import accuracy_figure, all_figures, communication_figure, panels_figure, seconds_figure
 from plfl.report.runs import ReportRun, label_runs, read_csv
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -452,7 +453,8 @@ def test_a_panel_whose_data_no_run_has_yet_is_left_out():
     young = bare_run("runs/selffl/t0", "selffl", {})  # before Self-FL's steps and client variances exist
     young.metrics = [{"round": r, "selffl_sigma0_sq": 0.1 * (r + 1)} for r in range(2)]
     label_runs([young])
-    figure = selffl_figure([young])
+    (plot,) = SelfFL.figures
+    figure = panels_figure([young], plot)
     assert [a.text for a in figure.layout.annotations] == ["σ₀² (inter-client variance)"]
 
 

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from plfl.config import ExperimentConfig, FederationConfig
 from plfl.data import ClientData, FederatedData
 from plfl.errors import ConfigError
 from plfl.executors import SequentialExecutor
@@ -25,6 +24,7 @@ from plfl.methods.selffl import (
     welford_update,
     welford_variance,
 )
+from plfl.sections import FederationConfig
 from plfl.state import ClientStateStore
 from plfl.tasks import TrainResult
 
@@ -81,8 +81,7 @@ def gaussian_errors(seed: int, M=20, sigma0_sq=1.0, noise_sq=4.0, warmup=20, rou
     data = FederatedData("gaussian", clients, num_classes=1, input_shape=())
     trainer = QuadraticTrainer(lr)
     executor = SequentialExecutor(data, trainer)
-    config = ExperimentConfig(federation=FederationConfig(lr=lr, seed=seed))
-    context = FederationContext(data, ClientStateStore(M), config, None)
+    context = FederationContext(data, ClientStateStore(M), FederationConfig(lr=lr, seed=seed), None)
     method = SelfFL(SelfFLConfig(warmup_rounds=warmup), context, {"theta": torch.zeros(1, dtype=torch.float64)})
     received = {}  # the last broadcast's message to each client, as the loop keeps them for local_train
     for round_ in range(warmup + rounds + 1):

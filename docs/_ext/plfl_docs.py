@@ -40,6 +40,7 @@ SECTIONS = {
     "federation.": "Federation (`federation.*`)",
     "logger.": "Logging (`logger.*`)",
     "trainer.": "Lightning Trainer (`trainer.*`)",
+    "vectorized.": "Vectorized executor (`vectorized.*`)",
     "ray.": "Ray executor (`ray.*`)",
 }
 # A results YAML's fields: name -> (required, meaning). read_result checks them; the results index lists them.
@@ -129,12 +130,36 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def key_table(rows: list) -> str:
-    """Config keys as a table: key, type, default, allowed values, meaning."""
+def key_table(rows: list, read_by: Any = None) -> str:
+    """Config keys as a table: key, type, default, allowed values, meaning; with ``read_by`` (key → text), also
+    which choices read each key."""
+    if read_by is None:
+        return table(
+            ["key", "type", "default", "allowed", "meaning"],
+            [[f"`{r.key}`", r.type, f"`{r.default}`", r.allowed, r.doc] for r in rows],
+        )
     return table(
-        ["key", "type", "default", "allowed", "meaning"],
-        [[f"`{r.key}`", r.type, f"`{r.default}`", r.allowed, r.doc] for r in rows],
+        ["key", "read by", "type", "default", "allowed", "meaning"],
+        [[f"`{r.key}`", read_by(r.key), r.type, f"`{r.default}`", r.allowed, r.doc] for r in rows],
     )
+
+
+def reader_text(key: str) -> str:
+    """Which data sources, partitions or models read a ``data.*`` or ``model.*`` key, declared beside them."""
+    from plfl.data.partition import partitions
+    from plfl.data.sources import data_sources
+    from plfl.fields import readers
+    from plfl.models import models
+
+    section, name = key.split(".", 1)
+    families = {"data": [("source", data_sources()), ("partition", partitions())], "model": [("name", models())]}
+    for choice, components in families[section]:
+        who = readers(components, name)
+        if 0 < len(who) < len(components):
+            return ", ".join(f"`{section}.{choice}={w}`" for w in who)
+        if who:
+            return f"every `{section}.{choice}`"
+    return "every source" if section == "data" else "every model"
 
 
 def configuration_page() -> str:
@@ -150,12 +175,15 @@ def configuration_page() -> str:
         "Every key a config file or a `key=value` override may set, generated from plfl's config schema "
         "(the dataclasses of `plfl/config.py` and of each method's module). A config is checked against "
         "it before anything trains: an unknown key names the close matches, a wrong type or a value outside "
-        "*allowed* names the key and what is allowed, and a key that the other keys make meaningless (a "
-        "source's own key with another source, `data.beta` with `data.partition: classes`) is refused.\n",
+        "*allowed* names the key and what is allowed, and a key that the chosen source, partition, model or "
+        "executor does not read (*read by*, declared beside the code that reads it) is refused unless it holds "
+        "its default. `method=NAME` and `model=NAME` on the command line replace the section with NAME's "
+        "defaults.\n",
     ]
     for prefix, title in SECTIONS.items():
         section = [r for r in rows if r.key.startswith(prefix) and (prefix or "." not in r.key)]
-        text += [f"## {title}\n", key_table(section)]
+        read_by = reader_text if prefix in ("data.", "model.") else None
+        text += [f"## {title}\n", key_table(section, read_by)]
     text.append(
         "## Methods (`method.*`)\n\n`method.name` picks the method; its own keys sit beside it. `plfl methods "
         "[NAME]` prints the same.\n"

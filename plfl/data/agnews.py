@@ -11,22 +11,20 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Optional
 
 import numpy as np
 import torch
 
 from plfl.errors import DataError
 
-if TYPE_CHECKING:
-    from plfl.config import DataConfig
-
 NUM_CLASSES = 4
 _LAYOUT = 'rows "class","title","description" without a header, class 1-4'
 
 
-def read_agnews(cfg: DataConfig) -> tuple[np.ndarray, torch.Tensor, int]:
-    """The rows of ``data.train_file`` then ``data.test_file`` under ``data.root``, pooled.
+def read_agnews(root: Optional[str], train_file: str, test_file: str) -> tuple[np.ndarray, torch.Tensor, int]:
+    """The rows of ``train_file`` then ``test_file`` (``data.train_file``, ``data.test_file``) under ``root``
+    (``data.root``), pooled.
 
     Returns:
         The texts, ``title + " " + description``, as a NumPy object array of ``str`` ``(n,)``; the labels int64
@@ -36,14 +34,14 @@ def read_agnews(cfg: DataConfig) -> tuple[np.ndarray, torch.Tensor, int]:
         DataError: ``data.root`` is unset; a file is missing, unreadable, not UTF-8 or empty; a record is
             malformed CSV or has other than 3 fields (the line is named); a class is not 1-4.
     """
-    if cfg.root is None:
+    if root is None:
         raise DataError(
             "data.source=agnews needs data.root: the directory that holds the AG News "
-            f"{cfg.train_file} and {cfg.test_file}. Set data.root=<dir>."
+            f"{train_file} and {test_file}. Set data.root=<dir>."
         )
     texts, labels = [], []
-    for name, key in ((cfg.train_file, "train_file"), (cfg.test_file, "test_file")):
-        rows = _read_rows(Path(cfg.root) / name, key)
+    for name, key in ((train_file, "train_file"), (test_file, "test_file")):
+        rows = _read_rows(Path(root) / name, key)
         texts += [f"{title} {description}" for _, title, description in rows]
         labels += [label for label, _, _ in rows]
     return np.array(texts, dtype=object), torch.tensor(labels, dtype=torch.int64), NUM_CLASSES

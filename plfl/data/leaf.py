@@ -23,7 +23,7 @@ import functools
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -32,13 +32,17 @@ from plfl.data.federated import ClientData, FederatedData
 from plfl.data.text import encode, train_tokenizer
 from plfl.errors import DataError
 
-if TYPE_CHECKING:
-    from plfl.config import DataConfig
-
 REGENERATE = "Regenerate the files with LEAF's preprocess.sh or restore the originals."
 
 
-def load_leaf(cfg: DataConfig) -> FederatedData:
+def load_leaf(
+    root: Optional[str],
+    image_shape: Optional[list[int]],
+    num_classes: Optional[int],
+    vocab_size: int,
+    max_length: int,
+    num_clients: Optional[int],
+) -> FederatedData:
     """Read a LEAF data directory: one client per user, with the files' own train/test split.
 
     Files: ``<data.root>/train/*.json`` and ``<data.root>/test/*.json`` (LEAF's
@@ -71,13 +75,13 @@ def load_leaf(cfg: DataConfig) -> FederatedData:
             one split or has no samples in it; ``data.num_clients`` or
             ``data.num_classes`` disagree with the files.
     """
-    if cfg.root is None:
+    if root is None:
         raise DataError(
             "data.source=leaf needs data.root: the directory that holds LEAF's train/ and test/ "
             "folders (or train.json and test.json). Set data.root=<dir>."
         )
-    root = Path(cfg.root)
-    shape = None if cfg.image_shape is None else tuple(cfg.image_shape)
+    root = Path(root)
+    shape = None if image_shape is None else tuple(image_shape)
     splits = {split: _read_split(_split_files(root, split), shape) for split in ("train", "test")}
     train, test = splits["train"], splits["test"]
     if not train:
@@ -100,29 +104,29 @@ def load_leaf(cfg: DataConfig) -> FederatedData:
                 f"User {empty!r} has no {split} samples in {by_user[empty][2]}. Every client needs at "
                 f"least one: remove the user from both splits or regenerate the files. {REGENERATE}"
             )
-    if cfg.num_clients is not None and cfg.num_clients != len(train):
+    if num_clients is not None and num_clients != len(train):
         raise DataError(
-            f"data.num_clients={cfg.num_clients} but the LEAF files under {root} hold {len(train)} "
+            f"data.num_clients={num_clients} but the LEAF files under {root} hold {len(train)} "
             "users, one client each. Remove data.num_clients or set it to that value."
         )
 
     users = sorted(train)
     top, path, user = max((int(s[u][1].max()), str(s[u][2]), u) for s in (train, test) for u in users)
-    num_classes = top + 1 if cfg.num_classes is None else cfg.num_classes
+    num_classes = top + 1 if num_classes is None else num_classes
     if top >= num_classes:
         raise DataError(
             f"{path}, user {user!r} holds label {top}, but data.num_classes={num_classes} allows "
             f"0..{num_classes - 1}. Raise data.num_classes or remove it to count the classes from the "
             "labels."
         )
-    x_train, x_test, vocab_size = _inputs(cfg, splits, users)
+    x_train, x_test, vocab_size = _inputs(splits, users, vocab_size, max_length)
     clients = [
         ClientData(x_train[u], torch.from_numpy(train[u][1]), x_test[u], torch.from_numpy(test[u][1])) for u in users
     ]
     return FederatedData(f"leaf:{root.name}", clients, num_classes, tuple(x_train[users[0]].shape[1:]), vocab_size)
 
 
-def _inputs(cfg: DataConfig, splits: dict, users: list[str]) -> tuple[dict, dict, Optional[int]]:
+def _inputs(splits: dict, users: list[str], vocab_size: int, max_length: int) -> tuple[dict, dict, Optional[int]]:
     """Each user's train and test ``x`` as tensors, and the vocabulary's size for text (None for images).
 
     Texts become ``data.max_length`` token ids from a vocabulary trained on every user's training texts, in
@@ -131,8 +135,8 @@ def _inputs(cfg: DataConfig, splits: dict, users: list[str]) -> tuple[dict, dict
     if splits["train"][users[0]][0].dtype != object:  # images (a user of the other kind failed when read)
         x_train, x_test = ({user: torch.from_numpy(s[user][0]) for user in users} for s in splits.values())
         return x_train, x_test, None
-    tokenizer = train_tokenizer(np.concatenate([splits["train"][user][0] for user in users]), cfg.vocab_size)
-    x_train, x_test = ({user: encode(tokenizer, s[user][0], cfg.max_length) for user in users} for s in splits.values())
+    tokenizer = train_tokenizer(np.concatenate([splits["train"][user][0] for user in users]), vocab_size)
+    x_train, x_test = ({user: encode(tokenizer, s[user][0], max_length) for user in users} for s in splits.values())
     return x_train, x_test, tokenizer.get_vocab_size()
 
 

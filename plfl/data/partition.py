@@ -1,16 +1,20 @@
 """Splitting one pooled data set over clients, and each client into train/test.
 
 Every function takes a ``numpy.random.Generator``: the same generator state
-gives the same split. Index arrays refer to positions in ``labels``.
+gives the same split. Index arrays refer to positions in ``labels``. Each
+partition ``data.partition`` names is a :class:`Partition`: the keys it reads
+(``data.beta``, ...) and the function it calls, at the end of this module.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from plfl.errors import DataError
+from plfl.fields import Component, checked, one_of, registry
 
 
 def dirichlet_partition(
@@ -327,3 +331,97 @@ def split_train_test(
         random_state=int(rng.integers(2**32)),
     )
     return train, test
+
+
+@dataclass
+class Partition(Component):
+    """How a pooled data set is split over clients (``data.partition``) and each client into train and test:
+    the keys every partition reads; a subclass adds its own and :meth:`split` calls its function."""
+
+    partition: str = one_of(
+        "dirichlet",
+        lambda: tuple(partitions()),
+        "how a pooled data set is split over clients: Dirichlet label skew, pathological (c classes each, "
+        "disjoint samples), classes (pFedLA's non-IID_1), dominant (pFedLA's non-IID_2), iid",
+    )
+    test_fraction: float = checked(
+        0.25, lambda v: 0 < v < 1, "a number in (0, 1)", "share of each client's samples held out as its test split"
+    )
+
+    def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """The clients' index arrays into ``labels`` (n,).
+
+        Raises:
+            DataError: the partition is impossible with these keys (the message names the key to change).
+        """
+        raise NotImplementedError
+
+
+@dataclass
+class Dirichlet(Partition):
+    choice = "dirichlet"
+    beta: float = checked(0.1, lambda v: v > 0, "a number > 0", "dirichlet: concentration β; smaller is more skewed")
+    min_samples: int = checked(
+        10, lambda v: v >= 2, "an integer >= 2", "dirichlet: every client gets at least this many samples"
+    )
+    max_retries: int = checked(
+        100, lambda v: v >= 1, "an integer >= 1", "dirichlet: draws tried before giving up on min_samples"
+    )
+
+    def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return dirichlet_partition(labels, num_clients, self.beta, self.min_samples, self.max_retries, rng)
+
+
+@dataclass
+class ClassesPerClient(Partition):
+    """A partition that gives every client ``classes_per_client`` classes."""
+
+    classes_per_client: int = checked(
+        2, lambda v: v >= 1, "an integer >= 1", "pathological and classes: distinct classes per client (c)"
+    )
+
+
+@dataclass
+class Pathological(ClassesPerClient):
+    choice = "pathological"
+
+    def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return pathological_partition(labels, num_clients, self.classes_per_client, rng)
+
+
+@dataclass
+class Classes(ClassesPerClient):
+    choice = "classes"
+
+    def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return classes_partition(labels, num_clients, self.classes_per_client, rng)
+
+
+@dataclass
+class Dominant(Partition):
+    choice = "dominant"
+    dominant_classes: int = checked(
+        2, lambda v: v >= 1, "an integer >= 1", "dominant: classes per client that hold dominant_fraction of it (d)"
+    )
+    dominant_fraction: float = checked(
+        0.8,
+        lambda v: 0 < v < 1,
+        "a number in (0, 1)",
+        "dominant: share of a client's samples from its dominant classes (f; 0.8 is FedAMP's practical non-IID)",
+    )
+
+    def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return dominant_partition(labels, num_clients, self.dominant_classes, self.dominant_fraction, rng)
+
+
+@dataclass
+class IID(Partition):
+    choice = "iid"
+
+    def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return iid_partition(labels, num_clients, rng)
+
+
+def partitions() -> dict[str, type[Partition]]:
+    """``data.partition`` → its :class:`Partition`."""
+    return registry(Partition)

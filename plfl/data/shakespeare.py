@@ -25,16 +25,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Optional
 
 import numpy as np
 import torch
 
 from plfl.data.federated import ClientData, FederatedData
 from plfl.errors import DataError
-
-if TYPE_CHECKING:
-    from plfl.config import DataConfig
 
 ALL_LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 SEQ_LEN = 80  # LEAF's window length
@@ -45,13 +42,13 @@ _ASCII_IDS = np.full(128, _SPACE, dtype=np.int64)  # code point -> id; character
 _ASCII_IDS[[ord(c) for c in ALL_LETTERS]] = np.arange(len(ALL_LETTERS))
 
 
-def load_shakespeare(cfg: DataConfig) -> FederatedData:
+def load_shakespeare(root: Optional[str], min_chars: int) -> FederatedData:
     """Clients = speaking roles of a play text, samples = next-character windows (LEAF's task).
 
     Args:
-        cfg: ``cfg.root`` is the text file, or a directory holding ``input.txt``; speeches are
+        root: ``data.root``, the text file, or a directory holding ``input.txt``; speeches are
             headed by the speaker's name alone on a line ending in ``:``, with a blank line
-            between speeches (tiny Shakespeare's layout). ``cfg.min_chars``: a role needs at
+            between speeches (tiny Shakespeare's layout). min_chars: ``data.min_chars``, a role needs at
             least this many characters (= samples, newlines included) to become a client.
 
     Returns:
@@ -59,18 +56,18 @@ def load_shakespeare(cfg: DataConfig) -> FederatedData:
         ``y`` int64 ``(n,)`` the id of the next character; ``num_classes = vocab_size = 80``.
 
     Raises:
-        DataError: ``cfg.root`` unset or missing, the file not UTF-8, empty, without speaker
+        DataError: ``root`` unset or missing, the file not UTF-8, empty, without speaker
             headings, a speech without a heading (with its line), or no role with
-            ``cfg.min_chars`` characters.
+            ``min_chars`` characters.
     """
-    path = _text_path(cfg.root)
+    path = _text_path(root)
     roles = _roles(path)
     chars = {name: sum(map(len, lines)) for name, lines in roles.items()}
-    clients = [_client(roles[name]) for name in roles if chars[name] >= cfg.min_chars]
+    clients = [_client(roles[name]) for name in roles if chars[name] >= min_chars]
     if not clients:
         longest = max(chars, key=chars.get)
         raise DataError(
-            f"No role in {path} has data.min_chars={cfg.min_chars} characters; the longest, {longest!r}, has "
+            f"No role in {path} has data.min_chars={min_chars} characters; the longest, {longest!r}, has "
             f"{chars[longest]}. Lower data.min_chars (at least 400) or use a longer text."
         )
     return FederatedData(

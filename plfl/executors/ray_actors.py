@@ -20,7 +20,7 @@ from torch import nn
 
 from plfl.activity import current as activity
 from plfl.cluster import connect, import_ray, wait
-from plfl.data import FederatedData
+from plfl.data.federated import FederatedData
 from plfl.errors import ConfigError, FederationError, PlflError
 from plfl.executors.sequential import SequentialExecutor
 from plfl.state import Params
@@ -36,15 +36,15 @@ from plfl.tasks import (
 )
 
 if TYPE_CHECKING:
-    from plfl.config import ExperimentConfig
+    from plfl.executors.options import ClientWorkOptions, Ray
 
 
 class ClientWorker:
     """The body of one Ray actor: runs single tasks on its own sequential executor (on one device) over ``data``."""
 
-    def __init__(self, config: ExperimentConfig, data: FederatedData, architecture: nn.Module, num_threads: int):
+    def __init__(self, work: ClientWorkOptions, data: FederatedData, architecture: nn.Module, num_threads: int):
         torch.set_num_threads(num_threads)
-        self.executor = SequentialExecutor.of(config, data, architecture, devices=1)
+        self.executor = SequentialExecutor.of(work, data, architecture, devices=1)
 
     def ready(self) -> bool:
         """True once the actor is built: the driver waits on it so that start-up errors come before training."""
@@ -72,9 +72,9 @@ class RayExecutor:
 
     worker = ClientWorker  # the actors' class
 
-    def __init__(self, config: ExperimentConfig, data: FederatedData, architecture: nn.Module):
+    def __init__(self, options: Ray, work: ClientWorkOptions, data: FederatedData, architecture: nn.Module):
         self.ray = import_ray("federation.executor=ray")
-        self.options = options = config.ray
+        self.options = options
         self.actors: list[Any] = []
         self.started = connect(self.ray, options.address, options.num_actors * options.num_cpus_per_actor)
         try:
@@ -84,7 +84,7 @@ class RayExecutor:
             )
             # Data and model go into the object store once; every actor, replacements too, reads them from there.
             self.args = (
-                config,
+                work,
                 self.ray.put(data),
                 self.ray.put(architecture),
                 max(1, int(options.num_cpus_per_actor)),

@@ -13,8 +13,8 @@ from torch import nn
 from plfl.activity import current as activity
 from plfl.batches import has_batch_norm
 from plfl.client import ClientModule, LocalTrainer, build_trainer
-from plfl.data import FederatedData
 from plfl.data.augment import augmentation
+from plfl.data.federated import FederatedData
 from plfl.errors import PlflError
 from plfl.executors.steps import FunctionalNetwork, run_step_task
 from plfl.models import channels_last
@@ -31,7 +31,7 @@ from plfl.tasks import (
 )
 
 if TYPE_CHECKING:
-    from plfl.config import ExperimentConfig
+    from plfl.executors.options import ClientWorkOptions
 
 R = TypeVar("R")
 
@@ -46,23 +46,23 @@ class SequentialExecutor:
 
     @classmethod
     def of(
-        cls, config: ExperimentConfig, data: FederatedData, architecture: nn.Module, devices: Optional[int] = None
+        cls, work: ClientWorkOptions, data: FederatedData, architecture: nn.Module, devices: Optional[int] = None
     ) -> SequentialExecutor:
-        """The executor of a run's ``config`` over ``data``: a ClientModule with a copy of ``architecture``
-        trained by SGD at ``federation.lr`` and ``federation.momentum`` in batches of
+        """The executor of a run's client work ``work`` over ``data``: a ClientModule with a copy of
+        ``architecture`` trained by SGD at ``federation.lr`` and ``federation.momentum`` in batches of
         ``federation.batch_size``, augmented by ``data.augment``, on a Trainer of the ``trainer.*`` options
         (``devices`` of them, default ``trainer.devices``).
 
         Raises:
             ConfigError: ``data.augment`` for data that are not images.
         """
-        federation, options = config.federation, config.trainer
+        federation, options = work.federation, work.trainer
         module = ClientModule(
             copy.deepcopy(architecture),
             data.num_classes,
             federation.lr,
             federation.momentum,
-            train_transform=augmentation(config.data.augment, data),
+            train_transform=augmentation(work.augment, data),
         )
         trainer = build_trainer(options.accelerator, devices or options.devices, options.precision)
         return cls(data, LocalTrainer(module, trainer, federation.batch_size))

@@ -96,7 +96,7 @@ class StepGraphs:
         """From now on, steps run eagerly (exactly as without graphs), after one notice."""
         warnings.warn(
             PlflWarning(
-                f"federation.cuda_graphs: {reason}; the vectorized executor runs its steps without CUDA graphs."
+                f"vectorized.cuda_graphs: {reason}; the vectorized executor runs its steps without CUDA graphs."
             ),
             stacklevel=4,
         )

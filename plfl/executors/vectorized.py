@@ -14,7 +14,7 @@ Data and states stay on the device; a cohort synchronises once, at its end (a st
 training or evaluation step reads and writes only the stacked state that all cohorts share
 (:class:`~plfl.executors.lockstep.CohortState`; the step tasks' likewise), so on a CUDA device each step shape
 (active clients, batch width, options) is captured once as a CUDA graph and replayed from then on
-(:mod:`plfl.executors.step_graphs`, ``federation.cuda_graphs``). What it cannot run exactly
+(:mod:`plfl.executors.step_graphs`, ``vectorized.cuda_graphs``). What it cannot run exactly
 (:func:`plfl.executors.lockstep.unsupported`, ``data.augment``) goes to the fallback (sequential) executor with a
 one-time ``PlflWarning``.
 """
@@ -36,7 +36,7 @@ from torch.optim.sgd import sgd
 
 from plfl.activity import current as activity
 from plfl.batches import EVAL_BATCH_SIZE, has_batch_norm, last_batch_minimum, padded_rows, training_rows
-from plfl.data import FederatedData
+from plfl.data.federated import FederatedData
 from plfl.errors import PlflError, PlflWarning
 from plfl.executors.base import Executor
 from plfl.executors.lockstep import (
@@ -67,25 +67,25 @@ from plfl.tasks import (
 )
 
 if TYPE_CHECKING:
-    from plfl.config import FederationConfig
+    from plfl.executors.options import ClientWorkOptions, Vectorized
 
 
 class VectorizedExecutor:
     """Trains and evaluates cohorts of clients in lock-step on ``device`` (see the module docstring):
-    ``architecture`` the clients' model, ``federation`` the local training's options, ``augment`` whether
-    training batches are augmented (``data.augment``); what it cannot run goes to ``fallback``."""
+    ``architecture`` the clients' model, ``work`` the local training's options, ``options`` the ``vectorized.*``
+    keys; what it cannot run goes to ``fallback``."""
 
     def __init__(
         self,
         data: FederatedData,
         architecture: nn.Module,
-        federation: FederationConfig,
+        work: ClientWorkOptions,
+        options: Vectorized,
         device: torch.device,
-        precision: str,
-        augment: bool,
         fallback: Executor,
     ):
-        self.data, self.device, self.cohort_size = data, device, federation.cohort_size
+        federation, precision, augment = work.federation, work.trainer.precision, work.augment
+        self.data, self.device, self.cohort_size = data, device, options.cohort_size
         self.fallback = fallback
         self.batch_size, self.lr, self.momentum = federation.batch_size, federation.lr, federation.momentum
         self.min_last = last_batch_minimum(self.batch_size, has_batch_norm(architecture))
@@ -93,7 +93,7 @@ class VectorizedExecutor:
         self.model = with_masked_batch_norms(copy.deepcopy(architecture)).to(device)
         self.norms = masked_batch_norms(self.model)
         self.cohort: Optional[CohortState] = None  # grown to the largest cohort (_cohort_state)
-        self.graphs = StepGraphs(capture=federation.cuda_graphs and device.type == "cuda")
+        self.graphs = StepGraphs(capture=options.cuda_graphs and device.type == "cuda")
         self.stacked_steps = StackedSteps(FunctionalNetwork(self.model, device), self.graphs)
         self.batch_norm = has_batch_norm(architecture)
         self.eval_reason = unsupported(architecture, precision)

@@ -1,14 +1,17 @@
-"""Federated learning methods by ``method.name``: every :class:`~plfl.methods.base.Method` subclass of this
-package that names itself (``name``), found in its modules.
+"""Federated learning methods by ``method.name``: every module of this package is the method it is named after
+(``plfl/methods/fedavg.py`` is ``method.name=fedavg``), except the building blocks methods share
+(:data:`BUILDING_BLOCKS`).
 
-A method is one module here: its config (``config_class``, the ``method.*`` keys) beside its class. The
-config layer checks ``method.*`` against it, ``plfl methods`` lists it, and a run builds it; importing this
-package alone loads no method (and no torch) until one is asked for.
+A method is one module: its config (``config_class``, the ``method.*`` keys) beside its class (the
+:class:`~plfl.methods.base.Method` subclass whose ``name`` is the module's). The method names come from the module
+names, without importing any; a method's module (and torch with it) is imported when the method is asked for:
+to check its keys, to list it (``plfl methods``), or to run it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import pkgutil
 from functools import cache
@@ -16,33 +19,43 @@ from typing import Any
 
 from plfl.errors import ConfigError
 
+# Modules of this package that are not methods but parts that methods share.
+BUILDING_BLOCKS = frozenset({"base", "ala", "partial", "hypernetwork"})
+
+
+def method_names() -> tuple[str, ...]:
+    """Every ``method.name``, sorted: the package's modules but its building blocks (none is imported)."""
+    return tuple(sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in BUILDING_BLOCKS))
+
 
 @cache
-def methods() -> dict[str, type]:
-    """``method.name`` → its Method class, for every method of the package (its modules imported now)."""
-    from plfl.methods.base import Method
-
-    for module in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{module.name}")
-    found, pending = {}, list(Method.__subclasses__())
-    while pending:
-        cls = pending.pop()
-        pending.extend(cls.__subclasses__())
-        if "name" in cls.__dict__:
-            found[cls.name] = cls
-    return dict(sorted(found.items()))
-
-
 def method_class(name: str) -> type:
-    """The :class:`~plfl.methods.base.Method` subclass of ``method.name`` ``name``.
+    """The :class:`~plfl.methods.base.Method` subclass of ``method.name`` ``name`` (its module imported now).
 
     Raises:
-        ConfigError: unknown name (the message lists the valid ones).
+        ConfigError: unknown name (the message suggests close ones and lists the valid ones).
     """
-    registry = methods()
-    if name not in registry:
-        raise ConfigError(f"Unknown method.name {name!r}; valid names: {', '.join(registry)}.")
-    return registry[name]
+    names = method_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"Unknown method.name {name!r}.{hint} Valid names: {', '.join(names)}.")
+    module = importlib.import_module(f"{__name__}.{name}")
+    from plfl.methods.base import Method  # (imported with the module above)
+
+    found = [
+        cls
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, Method) and cls.__dict__.get("name") == name
+    ]
+    if len(found) != 1:
+        raise TypeError(f"{module.__name__} must define one Method class with name = {name!r}")
+    return found[0]
+
+
+def methods() -> dict[str, type]:
+    """``method.name`` → its Method class, for every method of the package (their modules imported now)."""
+    return {name: method_class(name) for name in method_names()}
 
 
 def summary(cls: type) -> str:
@@ -70,4 +83,4 @@ def build_method(config: Any, context: Any, initial_params: Any) -> Any:
     return cls(config, context, initial_params)
 
 
-__all__ = ["build_method", "method_class", "methods", "summary", "takes_ala"]
+__all__ = ["BUILDING_BLOCKS", "build_method", "method_class", "method_names", "methods", "summary", "takes_ala"]

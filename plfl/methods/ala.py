@@ -37,6 +37,7 @@ from torch.func import grad_and_value
 from plfl.errors import ConfigError, PlflWarning
 from plfl.fields import checked
 from plfl.models import BodyHeadModel
+from plfl.plots import Panel, Panels
 from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore, Params
 from plfl.tasks import (
@@ -174,6 +175,12 @@ class AdaptiveLocalAggregation:
     config: Any
     context: FederationContext
     store: ClientStateStore
+    figures = (
+        Panels(
+            "ALA weight statistics",
+            (Panel("ala_weight_mean", "mean ALA weight"), Panel("ala_epochs_mean", "mean ALA epochs")),
+        ),
+    )
 
     def __init__(self, config: Any, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)

@@ -1,4 +1,5 @@
 """APPLE (Luo and Wu, IJCAI 2022, arXiv:2110.08394): personalized models mix all clients' core models, learned weights.
+
 Client i owns a core model w_i^(c) and a directed-relationship (DR) vector p_i ∈ R^N; its
 personalized model is w_i^(p) = Σ_j p_ij w_j^(c). Each round the server sends every client all N
 core models (``server_message``, name → ``(N, *shape)``; PFLlib's serverapple.py sends all, and the
@@ -7,12 +8,15 @@ FedALA paper ran APPLE with M = N = 20 downloads); the client builds w_i^(p) fro
 (``local_train``, the step task :class:`APPLEStep`), takes one gradient step on its loss
 F_i(w_i^(p)) + λ(r) μ/2 ‖p_i − p_i^(0)‖² in its own core and in p_i, both at the same point, the
 other cores fixed:
+
     w_i^(c) ← w_i^(c) − η_c p_ii ∇F_i(w_i^(p))
     p_ij    ← p_ij − η_p (⟨∇F_i(w_i^(p)), w_j^(c)⟩ + λ(r) μ (p_ij − p_ij^(0)))
+
 λ(r) = (1 + cos(π r / L)) / 2 for the training rounds r = 0, 1, ... below L, then 0 (the cosine
 loss scheduler; ``proximal_weight``), so p_i may leave its start p_i^(0) = (n_j / Σ_k n_k)_j (the
 clients' training-set shares) more and more. The client uploads w_i^(c); the server stores it
 (``aggregate``). Core models are server state, p_i and w_i^(p) the client's (store).
+
 Sources: the update rules, p_i^(0) and λ(r) at round r as in the authors' code (pFL-APPLE:
 train_APPLE.py, utils/losses.py, utils/apple.py); η_c = ``federation.lr`` × N and the end of the
 cosine schedule, L = R = ``federation.rounds`` (``method.schedule_rounds`` sets another L), as in

@@ -32,13 +32,14 @@ from torch import nn
 
 from plfl.errors import ConfigError
 from plfl.fields import documented
+from plfl.plots import Plot
 from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore, Params
 from plfl.tasks import Step, StepTask, TrainResult, TrainTask, Work
 
 if TYPE_CHECKING:
-    from plfl.config import ExperimentConfig, FederationConfig
-    from plfl.data import FederatedData
+    from plfl.data.federated import FederatedData
+    from plfl.sections import FederationConfig
 
 
 @dataclass
@@ -50,16 +51,14 @@ class MethodConfig:
 
 @dataclass
 class FederationContext:
-    """What a method may use: the clients' data, their state store, the run's config, and the architecture."""
+    """What a method may use: the clients' data, their state store, the run's ``federation.*`` options, the
+    architecture, and whether the executors augment training batches (``data.augment``)."""
 
     data: FederatedData
     store: ClientStateStore
-    config: ExperimentConfig  # the validated run config (``method`` is the method's own section)
+    federation: FederationConfig
     architecture: nn.Module  # the clients' model: its structure; its weights are not the global model
-
-    @property
-    def federation(self) -> FederationConfig:
-        return self.config.federation
+    augment: bool = False
 
 
 def require_plain_steps(method: str, context: FederationContext, steps: str) -> None:
@@ -75,7 +74,7 @@ def require_plain_steps(method: str, context: FederationContext, steps: str) -> 
             f"{method} takes plain gradient steps in {steps} and has no use for federation.momentum "
             f"(now {context.federation.momentum}); set federation.momentum=0."
         )
-    if context.config.data.augment:
+    if context.augment:
         raise ConfigError(
             f"{method} trains {steps} in steps of its own, which do not augment their batches; "
             "data.augment=true would be ignored. Set data.augment=false."
@@ -93,6 +92,11 @@ class Method:
     config_class: ClassVar[type[MethodConfig]] = MethodConfig
     # The attributes that make up the server's state between rounds (see :meth:`state_dict`).
     server_state: ClassVar[tuple[str, ...]] = ("global_params",)
+    # Config overrides (dotted keys) under which the test suite runs this method on every executor (3 rounds on
+    # 5 digits clients), so that its own code paths run, e.g. past a warm-up; a class's own, never inherited.
+    matrix_options: ClassVar[dict[str, Any]] = {}
+    # What plfl report draws of this method's round_metrics and round_tables, beside every run's figures.
+    figures: ClassVar[tuple[Plot, ...]] = ()
 
     def __init__(self, config: MethodConfig, context: FederationContext, initial_params: Params):
         self.config = config

@@ -1,12 +1,15 @@
 """Ditto (Li, Hu, Beirami and Smith, ICML 2021, arXiv:2012.04221): FedAvg plus personal models near the global one.
+
 Client i solves min_v F_i(v) + λ/2 ‖v − w*‖², w* the global model that FedAvg learns (Eq. 2).
 Per round (Alg. 1), a sampled client with the received global model w:
+
 - personal model: v ← v − η (∇F_i(v) + λ (v − w)) per mini-batch, for ``method.personal_epochs``
   epochs from its own v (``local_train``: a :class:`~plfl.tasks.ProximalTerm` anchored at w,
   stream "personal_training");
 - global copy: FedAvg's local training from w for ``federation.local_epochs`` (stream
-  LOCAL_TRAINING); it is what the client uploads (``TrainResult.upload``);
+  "local_training"); it is what the client uploads (``TrainResult.upload``);
 - server: FedAvg's sample-weighted average (inherited ``aggregate``).
+
 v is the client's model in the store: ``pre_local_init`` keeps it, so v is what each client
 evaluates; the global w is evaluated on all clients' test data (``global_accuracy``), as
 PFLlib evaluates both. As PFLlib's ``serverditto.py``, the personal model trains first; both

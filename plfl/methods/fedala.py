@@ -23,6 +23,7 @@ class FedALA(AdaptiveLocalAggregation, FedAvg):
 
     name = "fedala"
     config_class = FedALAConfig
+    matrix_options = {"method.p": 2}
 
     @property
     def ala(self) -> ALAConfig:

@@ -1,26 +1,29 @@
 """FedAMP (Huang et al., AAAI 2021, arXiv:2007.03797): cloud models weighting all clients' models by similarity.
+
 The server keeps every client's latest uploaded model w_j and builds, for client i, the
 personalized cloud model (Eq. 6)
+
     u_i = Σ_j ξ_{i,j} w_j,  ξ_{i,j} = α_K A'(‖w_i − w_j‖²) (j ≠ i),  ξ_{i,i} = 1 − Σ_{j≠i} ξ_{i,j},
+
 with the attention-inducing function A(x) = 1 − e^{−x/σ}, so A'(x) = e^{−x/σ}/σ: the
 closer two models, the more they weigh in each other's cloud model (``attention_weights``,
 ``cloud_model``). Client i then trains its own w_i on F_i(w) + λ/(2α_K) ‖w − u_i‖² (Eq. 8),
 a :class:`~plfl.tasks.ProximalTerm` with μ = λ/α_K anchored at u_i.
+
 Hooks: ``aggregate`` stores the uploads and computes ξ; ``server_message`` sends u_i;
 ``pre_local_init`` keeps the client's own w_i, which is what it evaluates; ``local_train``
 trains w_i from itself with the proximal term. As PFLlib (serveramp.py, clientamp.py):
 training starts from the client's own model, not from u_i, and that model is evaluated;
 defaults α_K = σ = λ = 1; only parameters are mixed and sent (buffers stay with the client);
 before any upload, every w_j is the initial model and so is u_i.
-Departures: PFLlib's current client adds λ/(2α_K)‖w − u_i‖ (the norm, not its square;
-its earlier versions squared it, as Eq. 8 does), and builds it from detached copies
-(``.data``) of both models, so the term has no gradient: PFLlib's FedAMP clients train as its
-Local clients do, and their accuracy is Local's round for round (docs: fidelity, "Beside
-PFLlib"). plfl squares the norm and differentiates it, as Eq. 8. PFLlib mixes the last
-round's uploads only; plfl every client's latest (the same with join ratio 1). u_i is
-computed as w_i + Σ_{j≠i} ξ_{i,j} (w_j − w_i), equal to Eq. 6, so that identical models
-give u_i = w_i bit for bit. Nothing keeps ξ_{i,i} ≥ 0: with α_K / σ > 1 / (N − 1) and
-close models it is negative and u_i extrapolates; ``self_weight_min`` logs it.
+
+Departures: PFLlib's current client adds λ/(2α_K)‖w − u_i‖ (the norm, not its square; its earlier versions
+squared it, as Eq. 8 does), and builds it from detached copies (``.data``) of both models, so the term has no
+gradient: PFLlib's FedAMP clients train as its Local clients do (the documentation's fidelity page, "Beside
+PFLlib"). plfl squares the norm and differentiates it, as Eq. 8. PFLlib mixes the last round's uploads only;
+plfl every client's latest (the same with join ratio 1). u_i is computed as w_i + Σ_{j≠i} ξ_{i,j} (w_j − w_i),
+equal to Eq. 6, so that identical models give u_i = w_i bit for bit. Nothing keeps ξ_{i,i} ≥ 0: with α_K / σ >
+1 / (N − 1) and close models it is negative and u_i extrapolates; ``self_weight_min`` logs it.
 """
 
 from __future__ import annotations

@@ -49,6 +49,8 @@ class FedAvg(Method):
 
     name = "fedavg"
     config_class = FedAvgConfig
+    # The executor matrix: SGD momentum and short last batches (n mod 7 ≠ 0).
+    matrix_options = {"federation.momentum": 0.5, "federation.batch_size": 7}
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         sizes = [self.context.data.clients[i].num_train for i in messages]

@@ -1,5 +1,6 @@
-"""FedAvg-C and FedProx-C (FedALA paper: Zhang et al., AAAI 2023, arXiv:2212.01197, Sec. 5):
-FedAvg and FedProx that fine-tune the received global model locally as local initialisation.
+"""FedAvg-C (FedALA paper: Zhang et al., AAAI 2023, arXiv:2212.01197, Sec. 5): FedAvg that fine-tunes the
+received global model locally as local initialisation (FedProx-C: :mod:`plfl.methods.fedprox_c`).
+
 Sec. 5 describes the two baselines in one sentence: they "locally fine-tune the global model
 for local initialization at each iteration". Here, after every broadcast (round 0 included),
 each client's model is the received global model Θ^t trained on its own training split for
@@ -19,7 +20,6 @@ from typing import Optional
 from plfl.fields import checked
 from plfl.methods.base import Method, MethodConfig
 from plfl.methods.fedavg import FedAvg
-from plfl.methods.fedprox import FedProx, proximal_mu
 from plfl.state import Params
 from plfl.tasks import Work
 
@@ -35,13 +35,6 @@ class FedAvgCConfig(MethodConfig):
         "epochs of fine-tuning the received global model on the client's training "
         "data before evaluation and local training (the paper gives no value)",
     )
-
-
-@dataclass
-class FedProxCConfig(FedAvgCConfig):
-    """FedProx-C's keys: FedAvg-C's fine-tuning and FedProx's μ."""
-
-    mu: float = proximal_mu()
 
 
 class FineTunedInit(Method):
@@ -62,13 +55,3 @@ class FedAvgC(FineTunedInit, FedAvg):
 
     name = "fedavg_c"
     config_class = FedAvgCConfig
-
-
-class FedProxC(FineTunedInit, FedProx):
-    """FedProx-C (FedALA paper, AAAI 2023): FedProx, global model fine-tuned locally as init.
-
-    FedProx whose clients start from (and are evaluated with) the fine-tuned global model.
-    """
-
-    name = "fedprox_c"
-    config_class = FedProxCConfig

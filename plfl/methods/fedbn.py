@@ -31,6 +31,8 @@ class FedBN(PartialSharing):
     """
 
     name = "fedbn"
+    # The executor matrix: its BatchNorm model.
+    matrix_options = {"model.batch_norm": True}
 
     def keep_local(self, model: nn.Module) -> frozenset[str]:
         """The BatchNorm layers' keys.

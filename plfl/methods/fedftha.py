@@ -1,4 +1,6 @@
-"""FedFTHA and FedFT: local head fine-tuning and server-side head aggregation.
+"""FedFTHA: local head fine-tuning and server-side head aggregation (FedFT, without the aggregation:
+:mod:`plfl.methods.fedft`).
+
 "FedFTHA: A Fine-Tuning and Head Aggregation Method in Federated Learning",
 IEEE IoT-J 2023, Eq. 5–9. The model is a body G (representation) and a head
 H (the last classifier layer, ``head.*``); every client keeps its own head.
@@ -94,19 +96,3 @@ class FedFTHA(Method):
 
     def body(self, params: Params) -> Params:
         return {k: v for k, v in params.items() if k not in self.head_keys}
-
-
-class FedFT(FedFTHA):
-    """FedFT (FedFTHA paper, IEEE IoT-J 2023): personal heads fine-tuned, body averaged.
-
-    FedFTHA without head aggregation: clients that never trained keep the initial head,
-    and there is no global model to evaluate.
-    """
-
-    name = "fedft"
-
-    def global_head(self) -> Params:
-        return {k: self.global_params[k] for k in self.head_keys}
-
-    def global_model(self, round_: int) -> None:
-        return None

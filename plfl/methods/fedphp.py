@@ -1,22 +1,26 @@
 """FedPHP (Li, Zhan, Shao, Li and Song, ECML-PKDD 2021, doi:10.1007/978-3-030-86486-6_36): inherited private models.
+
 Client i keeps a personalized model v_i, the "inherited private model". In round t a sampled client,
 from the global model w^t it received (``local_train``, the step task :class:`FedPHPStep`):
+
 - trains a copy w of w^t for ``federation.local_epochs`` epochs, one SGD step per mini-batch (x, y)
   on (1 − λ) CE(w; x, y) + λ MMD²(φ_w(x), φ_{v_i}(x)): the cross-entropy plus a knowledge transfer
   that pulls w's features φ (the model's body) toward those of the frozen v_i;
 - uploads w, and inherits: v_i ← μ_t v_i + (1 − μ_t) w, with μ_t = μ · min(1, (t − 1) / T) growing
   linearly from 0 in the first training round (``inheritance_weight``; T = ``federation.rounds``, or
   ``method.inheritance_rounds``).
+
 The server averages the uploads as FedAvg. v_i is what the client evaluates (``pre_local_init``:
 the initial model before its first training); the global model gives ``global_accuracy``.
 MMD² is PFLlib's biased estimate over the B × B feature pairs (:func:`mmd`), with the kernel
 k(a, b) = Σ_{s ∈ {10, 15, 20, 50}} exp(−‖a − b‖² / (2s)).
+
 Sources: PFLlib's clientphp.py (the loss, the kernel, μ_t linear in the round, μ_t = 0 at the first
 training round); the authors' FedRepo (algorithms/fedphp.py, train_dir.py: v_i evaluated, the whole
 floating-point state inherited, μ rising to 0.9, λ = 0.1 with MMD). Departures: PFLlib evaluates
 each client's trained w right after its local training (not v_i), and inherits parameters only;
-with ``method.mu=0`` (v_i then is the trained w) plfl's accuracy is PFLlib's within 0.2 points
-(docs: fidelity, "Beside PFLlib"). FedRepo takes μ_t from the client's participations
+``method.mu=0`` makes v_i the trained w, as PFLlib evaluates (the documentation's fidelity page,
+"Beside PFLlib"). FedRepo takes μ_t from the client's participations
 (not the round), chooses the kernels' bandwidths from the batch's distances and clips gradients.
 Here the steps are plain SGD (``federation.momentum`` must be 0), without ``data.augment``; the
 reported loss is the cross-entropy alone.

@@ -1,10 +1,12 @@
 """FedProx (Li et al., MLSys 2020, arXiv:1812.06127): FedAvg with a proximal term in local training.
+
 Client k of round t approximately minimises h_k(w; w^t) = F_k(w) + μ/2 ‖w − w^t‖² (Eq. 2),
 w^t the global model it received, so each SGD step adds μ(w − w^t) to the gradient of the
 local cross-entropy F_k. ``local_train`` implements it with
 :class:`plfl.tasks.ProximalTerm` anchored at the server's message; every other hook is
 FedAvg's (the received global model is the local initialisation and what gets evaluated,
 unless ``method.ala`` replaces it). μ = 0 is FedAvg.
+
 Departures: the server averages with FedAvg's sample-size weights over uniformly sampled
 clients, as PFLlib does, where Alg. 2 samples clients by their data share and takes the plain
 mean; every client runs the full ``federation.local_epochs`` (no stragglers doing partial work,
@@ -51,6 +53,7 @@ class FedProx(FedAvg):
 
     name = "fedprox"
     config_class = FedProxConfig
+    matrix_options = {"method.mu": 0.1}
 
     def local_train(self, client_id: int, params: Params, message: Params, round_: int) -> Work[TrainResult]:
         """``federation.local_epochs`` epochs from ``params`` with the proximal term anchored at the

@@ -1,13 +1,17 @@
 """FedRep (Collins et al., ICML 2021, arXiv:2102.07078): a shared representation, a personal head per client.
+
 The model is a body φ (the representation, ``body.*``) and a head h_i (the last classifier
 layer, ``head.*``); the head never leaves client i. Round t (Alg. 1), on a sampled client,
 starting from the received φ^t and its own head h_i (``local_train``):
+
     h_i ← τ_h epochs of SGD on L_i(h, φ^t) over h alone, φ^t frozen     (``method.head_epochs``)
     φ_i ← τ_φ epochs of SGD on L_i(h_i, φ) over φ alone, h_i frozen     (``federation.local_epochs``)
+
 The client uploads φ_i; the server sets φ^{t+1} to the sampled clients' mean of φ_i
 (``aggregate``, FedAvg's) and sends it to every client, which puts it under its own head
 (``pre_local_init``; before its first round, the initial head). The personalized model
 φ^{t+1} + h_i is what is evaluated.
+
 Departures: the server's mean is weighted by the clients' training samples, as PFLlib's
 serverrep.py (Alg. 1 averages unweighted); τ_h defaults to PFLlib's ``plocal_epochs`` = 1
 (the paper's experiments use 10 head epochs). The head epochs draw their batches from the

@@ -51,6 +51,7 @@ from plfl.methods.ala import top_names
 from plfl.methods.base import FederationContext
 from plfl.methods.fedavg import FedAvgConfig
 from plfl.methods.partial import PartialSharing, module_keys
+from plfl.plots import TableLines
 from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import (
@@ -182,6 +183,19 @@ class PartialFed(PartialSharing):
 
     name = "partialfed"
     config_class = PartialFedConfig
+    figures = (
+        TableLines(
+            "PartialFed: probability of loading each layer from the global model",
+            STRATEGY,
+            group="layer",
+            y="global_probability",
+            y_title="probability",
+            y_range=(0.0, 1.0),
+            group_label="layer {}",
+        ),
+    )
+    # The executor matrix: the learned strategy, past its warm-up.
+    matrix_options = {"method.strategy": "adaptive", "method.warmup_rounds": 1}
 
     def __init__(self, config: PartialFedConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)

@@ -1,11 +1,14 @@
 """Per-FedAvg (Fallah, Mokhtari and Ozdaglar, NeurIPS 2020, arXiv:2002.07948): FedAvg of MAML steps.
+
 The clients learn a shared w that one gradient step adapts to each of them: the objective is
 F(w) = 1/n Σ_i f_i(w − α∇f_i(w)), with ∇F_i(w) = (I − α∇²f_i(w)) ∇f_i(w − α∇f_i(w)). Client
 (``local_train``, Algorithm 1, the step task :class:`PerFedAvgStep`): from the received global w,
 each step draws batches D, D′ (, D″),
 takes the temporary step w̃ = w − α∇f_i(w; D), then
+
 - FO (Per-FedAvg (FO)): w ← w − β∇f_i(w̃; D′), the Hessian term dropped;
 - HF (Per-FedAvg (HF)): w ← w − β(I − α∇²f_i(w; D″))∇f_i(w̃; D′).
+
 Server (``aggregate``): FedAvg's average. Evaluated (``pre_local_init``, PFLlib's
 ``evaluate_one_step``): the received w after one step of α on one training batch; the next
 round's training starts from the received w again. As PFLlib's ``clientperavg.py``: a step takes
@@ -17,9 +20,8 @@ last short loader batch; here it is used while it holds a sample for each of D, 
 with BatchNorm (:func:`plfl.batches.last_batch_minimum`).
 PFLlib's server calls each client's ``train()`` twice per round; ``federation.local_epochs=2``
 matches that. PFLlib draws the evaluation batch from torch's global generator, seeded with 0 once
-per process, so the k-th run of every process evaluates a round on the same batches; on MNIST
-Dir(0.1) at round 5 that draw is 0.9 points below the mean over draws (docs: "Fidelity", beside
-PFLlib). Here the batch is drawn from (``federation.seed``, round, client).
+per process, so the k-th run of every process evaluates a round on the same batches (the
+documentation's fidelity page, "Beside PFLlib"). Here the batch is drawn from (``federation.seed``, round, client).
 """
 
 from __future__ import annotations

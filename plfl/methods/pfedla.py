@@ -15,35 +15,21 @@ largest self-weights α_i^{l,i} local: the server neither aggregates nor
 sends them. BatchNorm running statistics are never aggregated or sent.
 
 The paper's: the hypernetwork's structure, θ̄_i, the loss of Eq. 10–11 and
-its sign, HeurpFedLA's rule. plfl's choices, where the paper gives no value
-or its literal form does not learn (measured; the fidelity notes, "pFedLA"):
+its sign, HeurpFedLA's rule (:mod:`plfl.methods.heurpfedla`). plfl's choices,
+where the paper gives no value or its literal form does not learn, each a key
+(why, with the measurements: the documentation's fidelity page, "pFedLA"):
 
-- The step: Adam (``method.hn_optimizer``, ``method.hn_lr`` 0.003). The
-  paper gives neither optimiser nor step size. Plain SGD at 5e-3 (two
-  public re-implementations) moves no weight: the gradient scales with
-  ‖θ‖·‖Δθ‖ and 1/S, S the row sum of the ReLU outputs (about 50 at the
-  start), so a self-weight moved 0.0499 → 0.0500 in 10 MNIST rounds; any
-  fixed SGD step would need tuning per model and data set. Adam's step does
-  not depend on the gradient's scale.
-- α = softmax of the heads' outputs o bounded by R·tanh(o/R) (``method.activation``,
-  ``method.logit_bound`` R = 3); the outputs start at zero, so α starts uniform.
-  The paper's ReLU / row sum (``relu``) leaves a weight whose output turns
-  negative at exactly 0 with no gradient: with steps that move α, over half
-  of all weights died within 10 rounds. An unbounded softmax goes one-hot
-  instead: Adam keeps its step while a weight's gradient shrinks, so on MNIST
-  every client took its fc and head from itself alone and its first conv from
-  one other client by round 20, and in the Fig.-5 federation every weight
-  but the self-weight was 0.000 by round 30. With the bound, no weight falls
-  below e^(-2R) times the largest of its row, and clients with the same data
-  share the top weight (Fig. 5 federation, round 40: self .49, same .49).
-- Decoupled weight decay of the heads (``method.hn_weight_decay`` 100, AdamW):
-  without it the outputs run on past the bound, where tanh's gradient
-  vanishes, and a weight at the floor whose gradient turns needed over 200
-  steps to become its row's largest again; with it, 2
-  (``test_a_weight_at_the_floor_grows_back_when_its_gradient_turns``).
-- No step while every stored θ_j is still the initial model: θ̄_i then does
-  not depend on α_i, and the gradient is rounding noise that Adam would
-  scale up into a full step.
+- the step: Adam (``method.hn_optimizer``, ``method.hn_lr`` 0.003); plain SGD
+  at the re-implementations' 5e-3 moves no weight;
+- α = softmax of the heads' outputs o bounded by R·tanh(o/R)
+  (``method.activation``, ``method.logit_bound`` R = 3): no weight falls below
+  e^(-2R) times the largest of its row; the outputs start at zero, so α starts
+  uniform. The paper's ReLU / row sum is ``method.activation=relu``;
+- decoupled weight decay of the heads (``method.hn_weight_decay`` 100, AdamW),
+  so that an output does not run on past the bound, where tanh's gradient
+  vanishes;
+- no step while every stored θ_j is still the initial model: θ̄_i then does
+  not depend on α_i, and the gradient is rounding noise.
 """
 
 from __future__ import annotations
@@ -55,10 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plfl.errors import ConfigError
 from plfl.fields import checked, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.hypernetwork import descend
+from plfl.plots import Heatmaps
 from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import TrainResult
@@ -102,16 +88,6 @@ class PFedLAConfig(MethodConfig):
         lambda v: v >= 1,
         "an integer >= 1",
         "write the weights α (tables/aggregation_weights.csv) every this many rounds",
-    )
-
-
-@dataclass
-class HeurpFedLAConfig(PFedLAConfig):
-    k: int = checked(
-        1,
-        lambda v: v >= 0,
-        "an integer >= 0",
-        "layers with the k largest self-weights stay local (Eq. 12); k = 0 is pFedLA",
     )
 
 
@@ -225,6 +201,18 @@ class PFedLA(Method):
 
     name = "pfedla"
     config_class = PFedLAConfig
+    figures = (
+        Heatmaps(
+            "Aggregation weights α of {run}, round {round}",
+            "aggregation_weights",
+            facet="layer",
+            row="client",
+            prefix="w",
+            value="α",
+            marked="retained",
+            marks=("aggregated", "kept local"),
+        ),
+    )
 
     def __init__(self, config: PFedLAConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
@@ -359,31 +347,3 @@ class PFedLA(Method):
                 row.update({f"w{j}": w for j, w in enumerate(sent.alpha[index].tolist())})
                 rows.append(row)
         return {"aggregation_weights": rows}
-
-
-class HeurpFedLA(PFedLA):
-    """HeurpFedLA (Ma et al., CVPR 2022): pFedLA keeping k layers local.
-
-    pFedLA whose clients keep their k layers with the largest self-weights α_i^{l,i} local (Alg. 2, Eq. 12).
-    """
-
-    name = "heurpfedla"
-    config_class = HeurpFedLAConfig
-
-    def __init__(self, config: HeurpFedLAConfig, context: FederationContext, initial_params: Params):
-        super().__init__(config, context, initial_params)
-        if config.k > len(self.layers):
-            raise ConfigError(
-                f"method.k={config.k} exceeds the model's {len(self.layers)} layers "
-                f"(method.granularity={config.granularity}); choose k <= {len(self.layers)}."
-            )
-
-    def retained_layers(self, client_id: int, alpha: torch.Tensor) -> frozenset[str]:
-        names = list(self.layers)
-        return frozenset(names[i] for i in torch.topk(alpha[:, client_id], self.config.k).indices.tolist())
-
-    def round_metrics(self, round_: int) -> dict[str, float]:
-        """Also ``retained_params_mean``: scalars each client keeps local, mean over clients."""
-        sizes = {layer: sum(self.thetas[key][0].numel() for key in keys) for layer, keys in self.layers.items()}
-        retained = [sum(sizes[layer] for layer in sent.retained) for sent in self.sent]
-        return {**super().round_metrics(round_), "retained_params_mean": sum(retained) / len(retained)}

@@ -1,12 +1,15 @@
 """pFedMe (Dinh, Tran and Nguyen, NeurIPS 2020, arXiv:2006.08848): personalized models from Moreau envelopes.
+
 Client i's objective is the Moreau envelope F_i(w) = min_θ f_i(θ) + λ/2 ‖θ − w‖² of its loss f_i;
 the minimiser θ̂_i(w) is its personalized model. Alg. 1, per round, a sampled client
 starts its local w and θ from the received global Θ and, per mini-batch D of
 ``federation.local_epochs`` epochs (``local_train``, the step task :class:`PFedMeStep`):
+
 - θ ≈ argmin_θ f_i(θ; D) + λ/2 ‖θ − w‖² by K gradient steps
   θ ← θ − lr_p (∇f_i(θ; D) + λ (θ − w)) (``inner_solution``; K = ``method.k``,
   lr_p = ``method.personal_lr``), warm-started from the previous batch's θ;
 - w ← w − η λ (w − θ) (``local_update``; η = ``federation.lr``); w is uploaded.
+
 Server (``aggregate``): Θ ← (1 − β) Θ + β Θ̄, Θ̄ the uploads' mean (``beta_mix``; β = ``method.beta``).
 The client keeps and evaluates its last θ (``pre_local_init``); the global Θ is evaluated on all
 clients' test data. Batches come from the one batch order of every method's local training

@@ -1,4 +1,5 @@
 """Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware personalized federated learning.
+
 "Self-Aware Personalized Federated Learning", arXiv:2204.08069, Sections 2–3 and Algorithm 1. The
 paper's two-level Gaussian model (Eq. 1): θ_m ~ N(θ_0, σ_0²) across clients,
 client m's local optimum z_m ~ N(θ_m, σ_m²). Precision weights
@@ -6,6 +7,7 @@ w_m = (σ_0² + σ_m²)⁻¹ and W = Σ_m w_m drive three rules: the leave-one-o
 initialisation of local training (Eq. 9–10), the number of local steps
 (Eq. 8/16) and the variance-weighted aggregation (Eq. 11). The variances are
 estimated online from the uploaded models (Eq. 13–14).
+
 Variances of multi-dimensional models are scalars: the per-coordinate sample
 variance averaged over all floating-point coordinates (the paper's trace
 divided by the number of coordinates; the rules only use ratios of
@@ -25,6 +27,7 @@ from plfl.errors import ConfigError
 from plfl.fields import checked, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.fedavg import weighted_average
+from plfl.plots import Panel, Panels
 from plfl.state import Params
 from plfl.tasks import TrainResult, Work
 
@@ -190,6 +193,25 @@ class SelfFL(Method):
 
     name = "selffl"
     config_class = SelfFLConfig
+    figures = (
+        Panels(
+            "Self-FL: variances and local steps",
+            (
+                Panel("selffl_sigma0_sq", "σ₀² (inter-client variance)", log=True),
+                Panel(
+                    "selffl_sigma_sq_mean",
+                    "σ_m² (clients; line: mean)",
+                    log=True,
+                    points=("selffl_clients", "sigma_sq"),
+                ),
+                Panel(
+                    "selffl_local_steps_mean", "l_m (local steps; line: mean)", points=("selffl_clients", "local_steps")
+                ),
+            ),
+        ),
+    )
+    # The executor matrix: past its warm-up within the matrix's 3 rounds.
+    matrix_options = {"method.warmup_rounds": 1, "method.l_max": 5}
     server_state = ("global_params", "sigma0_sq", "sigma_sq", "total_weight", "trained")
 
     def __init__(self, config: SelfFLConfig, context: FederationContext, initial_params: Params):

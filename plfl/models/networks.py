@@ -1,5 +1,5 @@
-"""The model zoo: 4-layer CNN (FedAvg/PFLlib), LeNet-5, MLP, ResNet-18; fastText and a small Transformer for
-text; LEAF's character LSTM.
+"""The model zoo's networks: 4-layer CNN (FedAvg/PFLlib), LeNet-5, MLP, ResNet-18; fastText and a small
+Transformer for text; LEAF's character LSTM (``model.name`` and each model's keys: :mod:`plfl.models`).
 
 Every model is a :class:`BodyHeadModel`: ``body`` maps an input batch to a
 feature vector, ``head`` is the last classifier layer. Models take their
@@ -14,7 +14,6 @@ The text models take int64 token ids ``(B, L)`` with 0 the padding id
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -205,57 +204,6 @@ def transformer(
     ``input_shape[0]``: :class:`TransformerBody` → Linear(embedding_dim, classes)."""
     body = TransformerBody(vocab_size, input_shape[0], embedding_dim, num_layers, num_heads)
     return BodyHeadModel(body, nn.Linear(embedding_dim, num_classes))
-
-
-TEXT_MODELS = ("fasttext", "transformer", "lstm")  # take token ids and need the data's vocab_size
-
-# model.name → builder(input_shape, num_classes, options); options: the ModelConfig keys
-# (hidden_sizes, batch_norm, ...) and the data's vocab_size (None for images).
-MODELS: dict[str, Callable[..., BodyHeadModel]] = {
-    "cnn": lambda shape, classes, o: cnn(shape, classes, o.get("batch_norm", False)),
-    "mlp": lambda shape, classes, o: mlp(
-        shape, classes, list(o.get("hidden_sizes", [200])), o.get("batch_norm", False)
-    ),
-    "resnet18": lambda shape, classes, o: resnet(shape, classes),
-    "lenet5": lambda shape, classes, o: lenet5(shape, classes, o.get("batch_norm", False)),
-    "fasttext": lambda shape, classes, o: fasttext(o["vocab_size"], classes, o.get("embedding_dim") or 32),
-    "transformer": lambda shape, classes, o: transformer(
-        o["vocab_size"], shape, classes, o.get("embedding_dim") or 32, o.get("num_layers", 2), o.get("num_heads", 2)
-    ),
-    "lstm": lambda shape, classes, o: lstm(
-        shape, classes, o.get("vocab_size"), o.get("embedding_dim") or 8, o.get("hidden_dim", 256)
-    ),
-}
-
-
-def build_model(
-    name: str,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    hidden_sizes: list[int] = (200,),
-    batch_norm: bool = False,
-    **options: Any,
-) -> BodyHeadModel:
-    """Build ``model.name`` for inputs of ``input_shape`` (no batch dim) and ``num_classes`` classes;
-    ``hidden_sizes``: the MLP's widths; ``batch_norm``: BatchNorm layers in the CNN, LeNet-5 and the MLP
-    (ResNet-18 always has them, and ``ModelConfig`` refuses ``model.batch_norm`` with it);
-    ``options``: further ``model.*`` keys and the data's ``vocab_size``, for the models that read them.
-
-    Raises:
-        ConfigError: unknown name, or inputs the network cannot take (a text model on images, an image
-            model on token ids: ``vocab_size`` None or not).
-    """
-    if name not in MODELS:
-        raise ConfigError(f"Unknown model.name {name!r}; valid names: {', '.join(MODELS)}.")
-    text = options.get("vocab_size") is not None
-    if text != (name in TEXT_MODELS):
-        given, use = (
-            ("token ids (text)", TEXT_MODELS) if text else ("images or vectors", [*MODELS.keys() - TEXT_MODELS])
-        )
-        raise ConfigError(
-            f"model.name={name} cannot take the data's {given}; use model.name={' or '.join(sorted(use))}."
-        )
-    return MODELS[name](input_shape, num_classes, {"hidden_sizes": hidden_sizes, "batch_norm": batch_norm, **options})
 
 
 class LastStepLSTM(nn.Module):

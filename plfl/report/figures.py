@@ -9,7 +9,8 @@ runs.label_runs); method, data set, seed and directory are in its hover
 text. A run keeps its colour and legend group (its label) in every panel,
 which the page uses to show or hide a run in all figures at once. Each
 function returns a ``plotly.graph_objects.Figure``, or None when none of
-the runs has the data the panel needs (method-specific panels).
+the runs has the data the panel needs (method-specific panels). A method's own
+figures are declared by the method (:mod:`plfl.plots`) and drawn here by kind.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Optional
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from plfl.plots import Heatmaps, Panels, Plot, TableLines
 from plfl.report.runs import ReportRun
 
 # 20 colours that stay apart on a white page: picked greedily, each the farthest (CIE L*a*b* distance) from those
@@ -210,144 +212,119 @@ def global_accuracy_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
     return _layout(fig, "Global-model accuracy (solid) and personalized accuracy (dotted)", "accuracy (%)")
 
 
-def _panels(runs: list[ReportRun], own: list[ReportRun], title: str, panels: list[tuple[str, str, bool]]) -> go.Figure:
-    """Side-by-side panels of metrics.csv columns, given as (column, panel title, log y axis); a column that no
-    run has a value in (a run too short for it) gets no panel."""
-    panels = [p for p in panels if any(run.has(p[0]) for run in own)]
-    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p[1] for p in panels])
-    for col, (column, name, log) in enumerate(panels, start=1):
+def panels_figure(runs: list[ReportRun], spec: Panels) -> Optional[go.Figure]:
+    """A method's side-by-side panels of metrics.csv columns (:class:`plfl.plots.Panels`) for the runs that have
+    a value in one of them; a column that no run has a value in (a run too short for it) gets no panel; a
+    panel's ``points`` are its table's per-client values."""
+    own = [r for r in runs if any(r.has(p.column) for p in spec.panels)]
+    panels = [p for p in spec.panels if any(run.has(p.column) for run in own)]
+    if not own:
+        return None
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[p.title for p in panels])
+    for col, panel in enumerate(panels, start=1):
         for run in own:
-            rounds, values = run.series(column)
-            fig.add_trace(_line(runs, run, rounds, values, f"{name} ", show_legend=col == 1), row=1, col=col)
-        if log:
+            rounds, values = run.series(panel.column)
+            fig.add_trace(_line(runs, run, rounds, values, f"{panel.title} ", show_legend=col == 1), row=1, col=col)
+            if panel.points is not None:
+                table, column = panel.points
+                points = [r for r in run.tables.get(table, []) if r.get(column) is not None]
+                if points:
+                    fig.add_trace(_client_points(runs, run, points, column), row=1, col=col)
+        if panel.log:
             fig.update_yaxes(type="log", exponentformat="power", row=1, col=col)
-    return _layout(fig, title, "")
+    return _layout(fig, spec.title, "")
 
 
-def ala_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
-    """FedALA's Adaptive Local Aggregation: mean ALA weight (``ala_weight_mean``, over clients and
-    weight entries) and mean ALA training epochs (``ala_epochs_mean``) per round."""
-    own = [r for r in runs if r.has("ala_weight_mean")]
-    if not own:
-        return None
-    return _panels(
-        runs,
-        own,
-        "ALA weight statistics",
-        [("ala_weight_mean", "mean ALA weight", False), ("ala_epochs_mean", "mean ALA epochs", False)],
+def _client_points(runs: list[ReportRun], run: ReportRun, rows: list[dict], column: str) -> go.Scatter:
+    """The clients' values of ``column`` in a table's ``rows`` (each with round and client), as open points."""
+    return go.Scatter(
+        x=[r["round"] for r in rows],
+        y=[r[column] for r in rows],
+        mode="markers",
+        legendgroup=run.label,
+        showlegend=False,
+        opacity=0.5,
+        marker=dict(color=colour(runs, run), size=4, symbol="circle-open"),
+        customdata=[r["client"] for r in rows],
+        name=run.label,
+        hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>round %{{x}}, client %{{customdata}}: %{{y:.4g}}"
+        "<extra></extra>",
     )
-
-
-def selffl_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
-    """Self-FL: inter-client variance σ_0² (``selffl_sigma0_sq``), client variances σ_m²
-    (``selffl_sigma_sq_mean``, line) and local steps l_m (``selffl_local_steps_mean``, line) per round;
-    the clients' own σ_m² and l_m from tables/selffl_clients.csv as points."""
-    own = [r for r in runs if r.has("selffl_sigma0_sq") or r.has("selffl_sigma_sq_mean")]
-    if not own:
-        return None
-    panels = [
-        ("selffl_sigma0_sq", "σ₀² (inter-client variance)", True),
-        ("selffl_sigma_sq_mean", "σ_m² (clients; line: mean)", True),
-        ("selffl_local_steps_mean", "l_m (local steps; line: mean)", False),
-    ]
-    fig = _panels(runs, own, "Self-FL: variances and local steps", panels)
-    drawn = [column for column, _, _ in panels if any(run.has(column) for run in own)]  # _panels' subplots
-    for run in own:
-        rows = run.tables.get("selffl_clients", [])
-        for line, column in (("selffl_sigma_sq_mean", "sigma_sq"), ("selffl_local_steps_mean", "local_steps")):
-            points = [r for r in rows if r.get(column) is not None]
-            if points and line in drawn:
-                fig.add_trace(
-                    go.Scatter(
-                        x=[r["round"] for r in points],
-                        y=[r[column] for r in points],
-                        mode="markers",
-                        legendgroup=run.label,
-                        showlegend=False,
-                        opacity=0.5,
-                        marker=dict(color=colour(runs, run), size=4, symbol="circle-open"),
-                        customdata=[r["client"] for r in points],
-                        name=run.label,
-                        hovertemplate=f"<b>{run.label}</b><br>{run.details}<br>round %{{x}}, "
-                        "client %{customdata}: %{y:.4g}<extra></extra>",
-                    ),
-                    row=1,
-                    col=drawn.index(line) + 1,
-                )
-    return fig
 
 
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash", "longdashdot")
 
 
-def partialfed_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
-    """PartialFed-Adaptive's learned strategy: per layer, the clients' mean probability of loading it from the
-    global model (tables/partialfed_strategy.csv), one line per layer (dash) and run (colour)."""
-    own = [r for r in runs if r.tables.get("partialfed_strategy")]
+def table_lines_figure(runs: list[ReportRun], spec: TableLines) -> Optional[go.Figure]:
+    """A method's table as lines (:class:`plfl.plots.TableLines`): per run (colour) and group (dash), the table's
+    value against the round; None when no run has the table."""
+    own = [r for r in runs if r.tables.get(spec.table)]
     if not own:
         return None
     fig = go.Figure()
     for run in own:
-        rows = run.tables["partialfed_strategy"]
-        for i, layer in enumerate(dict.fromkeys(r["layer"] for r in rows)):
-            points = [r for r in rows if r["layer"] == layer]
+        rows = run.tables[spec.table]
+        for i, group in enumerate(dict.fromkeys(r[spec.group] for r in rows)):
+            points = [r for r in rows if r[spec.group] == group]
             fig.add_trace(
                 _line(
                     runs,
                     run,
                     [r["round"] for r in points],
-                    [r["global_probability"] for r in points],
-                    f"layer {layer}: ",
+                    [r[spec.y] for r in points],
+                    spec.group_label.format(group) + ": ",
                     DASHES[i % len(DASHES)],
                     "%{y:.3f}",
                     show_legend=i == 0,
                 )
             )
-    fig = _layout(fig, "PartialFed: probability of loading each layer from the global model", "probability")
-    fig.update_yaxes(range=[0, 1])
+    fig = _layout(fig, spec.title, spec.y_title)
+    if spec.y_range is not None:
+        fig.update_yaxes(range=list(spec.y_range))
     return fig
 
 
-def aggregation_weight_figure(run: ReportRun) -> Optional[go.Figure]:
-    """pFedLA / HeurpFedLA aggregation weights α_i^{l,j} at the last round in
-    tables/aggregation_weights.csv (pFedLA's Fig. 6): one heatmap per layer l, client i (rows) ×
-    client j (columns); each row sums to 1. Layers HeurpFedLA keeps local at client i are marked
-    in the hover text. None without the table."""
-    last = run.last_table_round("aggregation_weights")
+def heatmaps_figure(run: ReportRun, spec: Heatmaps) -> Optional[go.Figure]:
+    """A method's matrices at the run's last round with the table (:class:`plfl.plots.Heatmaps`): one heatmap
+    per facet value, rows × columns of the table; None without the table."""
+    last = run.last_table_round(spec.table)
     if last is None:
         return None
-    rows = [r for r in run.tables["aggregation_weights"] if r["round"] == last]
-    layers = list(dict.fromkeys(r["layer"] for r in rows))
-    clients = sorted({r["client"] for r in rows})
-    columns = sorted((k for k in rows[0] if k.startswith("w") and k[1:].isdigit()), key=lambda k: int(k[1:]))
+    rows = [r for r in run.tables[spec.table] if r["round"] == last]
+    facets = list(dict.fromkeys(r[spec.facet] for r in rows))
+    keys = sorted({r[spec.row] for r in rows})
+    prefix = spec.prefix
+    numbered = {int(k[len(prefix) :]): k for k in rows[0] if k.startswith(prefix) and k[len(prefix) :].isdigit()}
+    columns = [numbered[j] for j in sorted(numbered)]
     fig = make_subplots(
-        rows=1, cols=len(layers), subplot_titles=[f"layer {layer}" for layer in layers], horizontal_spacing=0.06
+        rows=1, cols=len(facets), subplot_titles=[f"{spec.facet} {f}" for f in facets], horizontal_spacing=0.06
     )
     top = max(r[c] for r in rows for c in columns)
-    for col, layer in enumerate(layers, start=1):
-        by_client = {r["client"]: r for r in rows if r["layer"] == layer}
-        z = [[by_client[i][c] for c in columns] for i in clients]
-        kept = [["kept local" if by_client[i].get("retained") else "aggregated"] * len(columns) for i in clients]
+    for col, facet in enumerate(facets, start=1):
+        by_row = {r[spec.row]: r for r in rows if r[spec.facet] == facet}
+        z = [[by_row[i][c] for c in columns] for i in keys]
+        marks = [[spec.marks[bool(spec.marked and by_row[i].get(spec.marked))]] * len(columns) for i in keys]
         fig.add_trace(
             go.Heatmap(
                 z=z,
-                x=[int(c[1:]) for c in columns],
-                y=clients,
-                customdata=kept,
+                x=[int(c[len(prefix) :]) for c in columns],
+                y=keys,
+                customdata=marks,
                 zmin=0,
                 zmax=top,
                 colorscale="Viridis",
                 showscale=col == 1,
-                colorbar=dict(title="α"),
-                hovertemplate="client i=%{y}, j=%{x}: α=%{z:.3f} (%{customdata})<extra></extra>",
+                colorbar=dict(title=spec.value),
+                hovertemplate=f"{spec.row} i=%{{y}}, j=%{{x}}: {spec.value}=%{{z:.3f}} (%{{customdata}})"
+                "<extra></extra>",
             ),
             row=1,
             col=col,
         )
-        fig.update_xaxes(title_text="client j", dtick=1, row=1, col=col)
-        fig.update_yaxes(title_text="client i" if col == 1 else "", dtick=1, autorange="reversed", row=1, col=col)
+        fig.update_xaxes(title_text=f"{spec.row} j", dtick=1, row=1, col=col)
+        fig.update_yaxes(title_text=f"{spec.row} i" if col == 1 else "", dtick=1, autorange="reversed", row=1, col=col)
     fig.update_layout(
-        title=f"Aggregation weights α of {run.label}, round {last}",
+        title=spec.title.format(run=run.label, round=last),
         template="plotly_white",
         height=460,
         margin=dict(t=80, b=40),
@@ -355,8 +332,32 @@ def aggregation_weight_figure(run: ReportRun) -> Optional[go.Figure]:
     return fig
 
 
+def declared_plots() -> list[Plot]:
+    """What every method (and every part of one, ALA included) declares in its ``figures``, in method order."""
+    from plfl.methods import methods  # the methods' modules: only when a report is drawn
+
+    plots: list[Plot] = []
+    for cls in methods().values():
+        for part in reversed(cls.__mro__):
+            plots += [plot for plot in part.__dict__.get("figures", ()) if plot not in plots]
+    return plots
+
+
+def method_figures(runs: list[ReportRun]) -> list[go.Figure]:
+    """The figures the methods declare (:mod:`plfl.plots`), for the runs that have their data."""
+    figures: list[Optional[go.Figure]] = []
+    for plot in declared_plots():
+        if isinstance(plot, Panels):
+            figures.append(panels_figure(runs, plot))
+        elif isinstance(plot, TableLines):
+            figures.append(table_lines_figure(runs, plot))
+        else:
+            figures += [heatmaps_figure(run, plot) for run in runs]
+    return [f for f in figures if f is not None]
+
+
 def all_figures(runs: list[ReportRun]) -> list[go.Figure]:
-    """Every panel that the runs have data for, in page order."""
+    """Every panel that the runs have data for, in page order: those of every run, then the methods' own."""
     figures = [
         accuracy_figure(runs),
         client_distribution_figure(runs),
@@ -364,9 +365,5 @@ def all_figures(runs: list[ReportRun]) -> list[go.Figure]:
         seconds_figure(runs),
         communication_figure(runs),
         global_accuracy_figure(runs),
-        ala_figure(runs),
-        selffl_figure(runs),
-        partialfed_figure(runs),
     ]
-    figures += [aggregation_weight_figure(run) for run in runs]
-    return [f for f in figures if f is not None]
+    return [f for f in figures if f is not None] + method_figures(runs)

@@ -1,0 +1,67 @@
+"""The config sections that many parts of a run read: ``federation.*`` (the loop, the methods, the executors) and
+``trainer.*`` (the clients' Lightning Trainer and the executors on its device).
+
+Plain dataclasses of range-checked keys (:mod:`plfl.fields`), importing nothing of plfl's parts: every part may
+import them, and :mod:`plfl.config` composes them with the sections its parts declare themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from plfl.fields import checked, documented
+
+
+@dataclass
+class FederationConfig:
+    """Rounds, client sampling and local training (``federation.*``)."""
+
+    rounds: int = checked(20, lambda v: v >= 0, "an integer >= 0", "R: rounds of training; rounds 0..R are evaluated")
+    join_ratio: float = checked(
+        1.0, lambda v: 0 < v <= 1, "a number in (0, 1]", "fraction of the clients sampled for training each round"
+    )
+    local_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1", "local epochs per round")
+    batch_size: int = checked(10, lambda v: v >= 1, "an integer >= 1", "mini-batch size of local training")
+    lr: float = checked(0.005, lambda v: v > 0, "a number > 0", "SGD learning rate of local training")
+    momentum: float = checked(
+        0.0,
+        lambda v: 0 <= v < 1,
+        "a number in [0, 1)",
+        "SGD momentum of local training (FedFTHA uses 0.5); its buffer does not outlive a client's round",
+    )
+    seed: int = documented(0, "seeds the partition, the initial model, client sampling and every batch order")
+    eval_every: int = checked(
+        1, lambda v: v >= 1, "an integer >= 1", "evaluate every this many rounds (and always the last)"
+    )
+    max_failed_clients: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 0,
+        "null or an integer >= 0",
+        "a client whose training raises or diverges is left out of its round; the round fails when more than "
+        "this many fail (null: only when all do)",
+    )
+    # One of plfl.executors' names; plfl.config checks it against them (they declare their own keys there).
+    executor: str = documented(
+        "sequential",
+        "where client work runs: one client after another on one Lightning Trainer (sequential), a round's "
+        "clients stacked and trained in lock-step with torch.func (vectorized), or a pool of Ray actors (ray)",
+    )
+    state_offload: bool = documented(
+        False,
+        "keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state "
+        "instead of RAM: for many clients",
+    )
+
+
+@dataclass
+class TrainerConfig:
+    """Options passed to the one Lightning ``Trainer`` (``trainer.*``)."""
+
+    accelerator: str = documented("cpu", "Lightning's accelerator: cpu, gpu (or cuda), ...")
+    devices: int = documented(1, "Lightning's devices (plfl trains on one)")
+    precision: str = documented(
+        "32-true",
+        "Lightning's precision (32-true, bf16-mixed, ...); 32-true is IEEE float32 on a GPU too (TF32 off), so "
+        "GPU and CPU runs agree to float rounding",
+    )
