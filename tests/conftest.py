@@ -16,7 +16,7 @@ from plfl.data import ClientData, FederatedData
 from plfl.executors import Executor, SequentialExecutor, drive
 from plfl.executors.options import ClientWorkOptions
 from plfl.federation import FederationLoop
-from plfl.methods import method_class
+from plfl.methods import method_class, methods
 from plfl.methods.base import FederationContext
 from plfl.models import build_model
 from plfl.sections import FederationConfig, TrainerConfig
@@ -24,7 +24,8 @@ from plfl.state import ClientStateStore
 from plfl.tasks import ClientFailure, resolved
 
 ROOT = Path(__file__).resolve().parents[1]
-FEDALA_MNIST = ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+FEDALA_MNIST = SHARED_DATA / "fedala-mnist-dir0.1"
 
 # Small models at batches of 10-20: a second intra-op thread mostly spin-waits. With other processes
 # on the two cores it made runs 3-7x slower (quickstart 297 s vs 42 s) for the same results.
@@ -47,6 +48,12 @@ def tiny_federation() -> FederatedData:
             )
         )
     return FederatedData("tiny", clients, num_classes=3, input_shape=(8,))
+
+
+def reads_shared_data(path: Path):
+    """Marks a test that reads `path` from the shared real data: slow tier, skipped where the path is missing."""
+    skip = pytest.mark.skipif(not path.exists(), reason=f"shared data not found at {path}")
+    return lambda test: pytest.mark.slow(skip(test))
 
 
 @pytest.fixture
@@ -119,6 +126,17 @@ def run_loop(method, context: FederationContext, executor: Optional[Executor] = 
     )
     loop.run()
     return loop
+
+
+# The methods whose runs on every executor and resumes stay in the fast tier (pytest -m "not slow"), between them
+# the kinds of client work: plain and momentum SGD with short last batches (fedavg), a method's step tasks on
+# ordered samples, an epoch at a time (fedala's ALA) and bi-level steps (pfedme). The slow tier runs every method.
+FAST_METHODS = ("fedala", "fedavg", "pfedme")
+
+
+def every_method() -> list:
+    """Every registered method as a test parameter, those outside :data:`FAST_METHODS` in the slow tier."""
+    return [pytest.param(m, marks=[] if m in FAST_METHODS else [pytest.mark.slow]) for m in sorted(methods())]
 
 
 def matrix_config(output_dir: Path, method: str, executor: str, **overrides):

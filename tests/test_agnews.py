@@ -17,8 +17,10 @@ from plfl.errors import ConfigError, DataError
 from plfl.experiment import run_experiment
 from plfl.models import build_model
 
+from conftest import SHARED_DATA, reads_shared_data
+
 ROOT = Path(__file__).resolve().parents[1]
-AG_NEWS = ROOT.parent / "shared" / "data" / "ag_news"
+AG_NEWS = SHARED_DATA / "ag_news"
 # Words that mark each class, so that a model can learn the tiny set.
 TOPICS = [
     ["war", "minister", "election"],
@@ -268,7 +270,7 @@ def test_fedavg_transformer_learns_the_tiny_topics(tmp_path):
 # ---------------------------------------------------------------- real data
 
 
-@pytest.mark.skipif(not AG_NEWS.is_dir(), reason=f"shared data not found at {AG_NEWS}")
+@reads_shared_data(AG_NEWS)
 def test_fedala_agnews_config_reads_the_shared_files():
     cfg = load_config(ROOT / "configs" / "fedala-agnews.yaml")
     assert cfg.data.root == str(AG_NEWS.resolve())

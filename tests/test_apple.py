@@ -109,6 +109,7 @@ def test_training_moves_only_the_own_core_and_keeps_the_mixture(tiny_federation)
         torch.testing.assert_close(value, torch.tensordot(p, cores[key], dims=1))
 
 
+@pytest.mark.slow
 def test_apple_config_runs_end_to_end(digits_config):
     run_dir, summary = run_experiment(digits_config(**{"method.name": "apple", "federation.rounds": 5}))
     last = last_metrics(run_dir)

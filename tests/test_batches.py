@@ -11,11 +11,11 @@ from plfl.data import ClientData, FederatedData
 from plfl.errors import PlflWarning
 from plfl.executors import VectorizedExecutor
 from plfl.executors.options import ClientWorkOptions, Vectorized
-from plfl.methods import method_class, methods
+from plfl.methods import method_class
 from plfl.models import build_model
 from plfl.sections import TrainerConfig
 
-from conftest import make_context, run_loop, sequential
+from conftest import every_method, make_context, run_loop, sequential
 
 
 def test_training_rows_are_each_epochs_order_in_batches_with_a_short_last_batch_padded():
@@ -58,7 +58,7 @@ def odd_clients() -> FederatedData:
 
 
 @pytest.mark.parametrize("executor", ["sequential", "vectorized"])
-@pytest.mark.parametrize("name", sorted(methods()))
+@pytest.mark.parametrize("name", every_method())
 def test_no_method_leaves_a_client_out_for_a_batch_norm_batch_of_one(odd_clients, name, executor):
     """Every method with a BatchNorm model and batch size 5 trains both clients in both rounds: no batch (or
     sub-batch) of one sample reaches BatchNorm, whatever loop the method's training takes."""

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -21,6 +23,7 @@ def plfl(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     )  # one thread: see conftest.py
 
 
+@pytest.mark.slow
 def test_quickstart_runs_and_writes_the_run_directory(tmp_path):
     out = plfl("fit", "--config", "configs/quickstart.yaml", f"output_dir={tmp_path}")
     assert out.returncode == 0, out.stderr
@@ -76,6 +79,7 @@ def test_keep_checkpoints_keeps_that_many_of_a_completed_run(digits_config):
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [f"round-0000{r}.pt" for r in (1, 2, 3)]
 
 
+@pytest.mark.slow
 def test_print_config_shows_the_resolved_config():
     out = plfl("fit", "--config", "configs/fedala.yaml", "--print-config", "federation.rounds=7")
     assert out.returncode == 0, out.stderr
@@ -83,12 +87,14 @@ def test_print_config_shows_the_resolved_config():
     assert str((ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1").resolve()) in out.stdout  # absolute
 
 
+@pytest.mark.slow
 def test_overrides_may_stand_on_both_sides_of_an_option():
     out = plfl("fit", "--config", "configs/fedala.yaml", "federation.rounds=7", "--print-config", "federation.lr=0.25")
     assert out.returncode == 0, out.stderr
     assert "  rounds: 7" in out.stdout and "  lr: 0.25" in out.stdout
 
 
+@pytest.mark.slow
 def test_bad_input_exits_nonzero_with_one_paragraph_and_no_traceback(tmp_path):
     out = plfl("fit", "--config", "configs/quickstart.yaml", "federation.join_ratio=0", f"output_dir={tmp_path}")
     assert out.returncode == 2
@@ -98,6 +104,7 @@ def test_bad_input_exits_nonzero_with_one_paragraph_and_no_traceback(tmp_path):
     assert "Traceback" in debug.stderr
 
 
+@pytest.mark.slow
 def test_missing_data_directory_is_a_clear_error(tmp_path):
     out = plfl("fit", "--config", "configs/fedala.yaml", f"data.root={tmp_path / 'nowhere'}", f"output_dir={tmp_path}")
     assert out.returncode == 2
@@ -122,6 +129,7 @@ def test_fit_without_config_names_the_example_configs(tmp_path):
     assert not any(tmp_path.iterdir())  # no hidden default run
 
 
+@pytest.mark.slow
 def test_methods_lists_every_registered_method_with_keys_and_defaults():
     from plfl.methods import methods
 
@@ -139,6 +147,7 @@ def test_methods_lists_every_registered_method_with_keys_and_defaults():
     assert "Unknown method.name 'fedrox'" in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_config_error_imports_no_torch_and_a_valid_config_only_its_methods_module():
     # Config errors answer before torch (seconds) is imported: every section but the method's is checked from plain
     # declarations. --print-config then checks the method section against the method's module (torch), and still

@@ -19,10 +19,9 @@ from plfl.data.partition import dirichlet_partition, iid_partition, pathological
 from plfl.data.safe_npz import load_npz_dict
 from plfl.errors import DataError
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-FEDALA_MNIST = SHARED_DATA / "fedala-mnist-dir0.1"
+from conftest import FEDALA_MNIST, SHARED_DATA, reads_shared_data
+
 PFLLIB_FMNIST = SHARED_DATA / "pfllib-fmnist-19clients"
-needs_shared = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"shared data not found at {SHARED_DATA}")
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +193,7 @@ def test_torchvision_source_needs_root():
 # ---------------------------------------------------------------- real PFLlib data
 
 
-@needs_shared
+@reads_shared_data(FEDALA_MNIST)
 def test_fedala_mnist_loads_with_train_i_naming():
     data = load_federated_data(DataConfig(source="pfllib", root=str(FEDALA_MNIST)), 0)
     assert data.name == "pfllib:fedala-mnist-dir0.1"
@@ -208,20 +207,20 @@ def test_fedala_mnist_loads_with_train_i_naming():
     assert float(data.clients[0].x_train.min()) == -1.0 and float(data.clients[0].x_train.max()) == 1.0
 
 
-@needs_shared
+@reads_shared_data(PFLLIB_FMNIST)
 def test_fmnist_loads_with_i_naming():
     data = load_federated_data(DataConfig(source="pfllib", root=str(PFLLIB_FMNIST)), 0)
     assert len(data.clients) == 19 and data.input_shape == (1, 28, 28)
     assert sum(c.num_train + c.num_test for c in data.clients) == 35_939
 
 
-@needs_shared
+@reads_shared_data(FEDALA_MNIST)
 def test_safe_loader_reads_a_real_file():
     d = load_npz_dict(FEDALA_MNIST / "train" / "train0_.npz")
     assert d["x"].dtype == np.float32 and d["x"].shape[1:] == (1, 28, 28) and d["y"].shape == (len(d["x"]),)
 
 
-@needs_shared
+@reads_shared_data(FEDALA_MNIST)
 def test_num_clients_disagreeing_with_config_json():
     with pytest.raises(DataError, match=r"data.num_clients=5 but .*config.json says num_clients=20"):
         load_federated_data(DataConfig(source="pfllib", root=str(FEDALA_MNIST), num_clients=5), 0)

@@ -280,6 +280,7 @@ $$
 """
 
 
+@pytest.mark.slow
 def test_math_in_markdown_and_docstrings_is_rendered_by_a_mathjax_shipped_with_the_site(tmp_path):
     """A page built with the site's extensions and MyST settings (docs/conf.py, less the generated pages) renders
     ``$...$``, ``$$...$$``, a docstring's ``:math:`` and ``.. math::`` as MathJax markup, and loads MathJax from
@@ -326,6 +327,14 @@ def test_every_page_installs_plfl_with_the_extras_the_readme_and_ci_name():
             where = page.relative_to(ROOT)
             assert target.startswith("'.["), f"{where} installs plfl as {target}, the README as '.[dev]'"
             assert "-c constraints.txt" not in options or target == ci, f"{where}: CI installs {ci}, not {target}"
+
+
+def test_ci_runs_the_readmes_test_tiers_which_split_the_suite():
+    """The README's pytest commands are .ci/run's, in order, and they are the two tiers: fast, then slow."""
+    commands = re.compile(r"^(pytest [^\n#]*?)\s*(?:#.*)?$", re.MULTILINE)
+    readme = commands.findall((ROOT / "README.md").read_text())
+    assert readme == commands.findall((ROOT / ".ci" / "run").read_text())
+    assert readme == ['pytest -q -m "not slow"', "pytest -q -m slow"]
 
 
 def test_the_readme_methods_table_is_the_registrys():

@@ -21,14 +21,13 @@ from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms
 from plfl.executors.options import ClientWorkOptions, Vectorized
 from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
-from plfl.methods import methods
 from plfl.methods.ala import ALAConfig, local_aggregation
 from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig
 from plfl.models import build_model
 from plfl.sections import FederationConfig, TrainerConfig
 from plfl.tasks import ClientFailure, EvalTask, ProximalTerm, StepTask, TrainResult, TrainTask
 
-from conftest import make_context, matrix_config, run_results, sequential
+from conftest import every_method, make_context, matrix_config, run_results, sequential
 
 
 def vectorized(context, cohort_size=None, augment=False) -> VectorizedExecutor:
@@ -63,7 +62,7 @@ def run(digits_config, executor, **options):
     return rounds, clients, [client["model"] for client in store]
 
 
-@pytest.mark.parametrize("method", sorted(methods()))
+@pytest.mark.parametrize("method", every_method())
 def test_vectorized_runs_every_method_as_sequential(tmp_path, sequential_results, method):
     """Every method's training, own steps and evaluation in lock-step (5 clients in cohorts of 3 and 2): the
     sequential executor's accuracies (to 4 decimals) and final models (to 1e-5), with no fallback."""
@@ -118,7 +117,9 @@ def test_a_diverging_client_fails_alone(tiny_federation):
             torch.testing.assert_close(result.params[key], alone.params[key], atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("method", ["fedavg", "fedala", "fedbn"])
+@pytest.mark.parametrize(
+    "method", [pytest.param("fedavg", marks=pytest.mark.slow), pytest.param("fedala", marks=pytest.mark.slow), "fedbn"]
+)
 def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
     """Per-client batch statistics of the real samples only (batch 7: short last batches; a client with
     n mod 7 = 1 drops a sample each epoch, LocalTrainer's BatchNorm rule) and per-client running statistics."""
@@ -427,6 +428,7 @@ def test_a_client_without_a_batch_takes_no_step_on_either_executor():
         assert trained.samples_seen == 20  # 23 = 2 × 10 + a short rest of 3, left out
 
 
+@pytest.mark.slow
 def test_resnet18_trains_and_evaluates_vectorized_as_sequential():
     """torchvision's ResNet-18 (BatchNorm, residual blocks) on 32×32 images: one SGD step of batch 5 per client
     (client 1's 4 samples padded to 5), trained and evaluated in one cohort. One step only: BatchNorm over 4–5

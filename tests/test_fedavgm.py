@@ -76,6 +76,7 @@ def test_out_of_range_keys_are_refused_with_the_key_named(override, message):
     assert message in str(info.value)
 
 
+@pytest.mark.slow
 def test_fedavgm_config_runs_end_to_end_with_the_cli(tmp_path):
     def plfl(*args):
         return subprocess.run(

@@ -95,7 +95,7 @@ def test_inherited_model_is_what_each_client_evaluates(tiny_federation):
 
 
 def test_batchnorm_statistics_go_with_w_and_a_single_sample_batch_is_left_out(tiny_federation):
-    model = build_model("mlp", (8,), 3, [16], batch_norm=True)
+    model = build_model("mlp", (8,), 3, hidden_sizes=[16], batch_norm=True)
     context, _ = make_context(tiny_federation, model=model, batch_size=3, lr=0.1)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     method = FedPHP(FedPHPConfig(), context, {k: v.clone() for k, v in initial.items()})
@@ -116,6 +116,7 @@ def test_batchnorm_statistics_go_with_w_and_a_single_sample_batch_is_left_out(ti
     assert result.upload["body.2.num_batches_tracked"].item() == 3
 
 
+@pytest.mark.slow
 def test_fedphp_config_runs_end_to_end(digits_config):
     run_dir, summary = run_experiment(digits_config(**{"method.name": "fedphp", "federation.rounds": 5}))
     last = last_metrics(run_dir)

@@ -22,7 +22,9 @@ from plfl.data.imagefolder import load_image_folder
 from plfl.errors import ConfigError, DataError, PlflWarning
 from plfl.experiment import run_experiment
 
-CIFAR10_JPEG = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "cifar10-jpeg"
+from conftest import SHARED_DATA, reads_shared_data
+
+CIFAR10_JPEG = SHARED_DATA / "cifar10-jpeg"
 # Per-file pixels of the folders write_image_folder makes: {relative path: uint8 (H, W, 3) or (H, W)}.
 Pixels = dict[str, np.ndarray]
 
@@ -264,7 +266,7 @@ def test_augment_on_inputs_that_are_not_images_is_refused(digits_config, monkeyp
         run_experiment(cfg)
 
 
-@pytest.mark.skipif(not CIFAR10_JPEG.is_dir(), reason=f"shared data not found at {CIFAR10_JPEG}")
+@reads_shared_data(CIFAR10_JPEG)
 def test_real_cifar10_jpegs(tmp_path):
     """60 train and 10 test JPEGs per class of ../shared/data/cifar10-jpeg, linked into tmp_path."""
     root = tmp_path / "cifar"

@@ -16,8 +16,10 @@ from plfl.config import DataConfig, load_config, validate
 from plfl.data import load_federated_data
 from plfl.errors import ConfigError, DataError
 
+from conftest import SHARED_DATA, reads_shared_data
+
 ROOT = Path(__file__).resolve().parents[1]
-FEMNIST = ROOT.parent / "shared" / "data" / "femnist-leaf-subset"
+FEMNIST = SHARED_DATA / "femnist-leaf-subset"
 
 
 def pixels(*values: float) -> list[list[float]]:
@@ -309,7 +311,7 @@ def test_a_broken_leaf_file_through_plfl_fit_exits_2_without_a_run_directory(tmp
     assert "Traceback" not in err and not out.exists()
 
 
-@pytest.mark.skipif(not FEMNIST.is_dir(), reason=f"shared data not found at {FEMNIST}")
+@reads_shared_data(FEMNIST)
 def test_real_femnist_subset_has_its_documented_writers_classes_and_pixels():
     cfg = OmegaConf.to_object(load_config(ROOT / "configs" / "selffl-femnist.yaml"))
     data = load_federated_data(cfg.data, 0)

@@ -23,6 +23,7 @@ def test_federation_metrics_by_hand():
     assert m["test_loss"] == pytest.approx((1 + 5 + 8 + 70) / 130)
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_is_written_quietly_unless_verbose(digits_config, monkeypatch, capfd):
     monkeypatch.setenv("WANDB_MODE", "offline")
     run_experiment(digits_config(**{"logger.name": "wandb", "federation.rounds": 0, "logger.verbose": True}))
@@ -40,6 +41,7 @@ def test_wandb_offline_run_is_written_quietly_unless_verbose(digits_config, monk
     assert all(run_id.strip() in p.name for p in (run_dir / "wandb").glob("offline-run-*"))
 
 
+@pytest.mark.slow
 def test_wandb_receives_accuracy_histogram_and_method_panels(digits_config, monkeypatch):
     """What the W&B dashboards plot: per-round metrics against ``round``, the client accuracy histogram,
     and each method's own panels (ALA weights, Self-FL's σ's and l_m, pFedLA's weight table, bytes)."""

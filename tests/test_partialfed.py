@@ -135,6 +135,7 @@ def test_adaptive_initialisation_mixes_each_layer_by_the_clients_strategy(one_cl
     torch.testing.assert_close(init["head.weight"], good["head.weight"], atol=1e-5, rtol=0)  # kept
 
 
+@pytest.mark.slow
 def test_partialfed_config_runs_end_to_end_with_its_strategy_reported(digits_config):
     run_dir, summary = run_experiment(
         digits_config(**{"method.name": "partialfed", "method.strategy": "adaptive", "method.warmup_rounds": 1})

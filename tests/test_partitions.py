@@ -14,6 +14,7 @@ from plfl.data import load_federated_data
 from plfl.data.partition import classes_partition, dominant_partition
 from plfl.errors import ConfigError, DataError
 
+from conftest import reads_shared_data
 from test_data import PFLLIB_FMNIST, write_pfllib
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -207,7 +208,7 @@ def test_meaningful_combinations_pass():
 # ---------------------------------------------------------------- the shipped configs on the real FMNIST
 
 
-@pytest.mark.skipif(not PFLLIB_FMNIST.is_dir(), reason=f"shared data not found at {PFLLIB_FMNIST}")
+@reads_shared_data(PFLLIB_FMNIST)
 @pytest.mark.parametrize("config", sorted(p.name for p in CONFIGS.glob("*-fmnist-noniid*.yaml")))
 def test_fmnist_noniid_configs_give_papers_settings(config):
     cfg = load_config(CONFIGS / config, [f"data.root={PFLLIB_FMNIST}"])

@@ -100,6 +100,7 @@ def test_batchnorm_statistics_stay_with_the_client_and_keys_keep_their_order(tin
     assert result.params["1.num_batches_tracked"].item() == 6 * 5  # 6 batches × K = 5 inner steps
 
 
+@pytest.mark.slow
 def test_pfedme_config_runs_end_to_end(digits_config):
     run_dir, summary = run_experiment(digits_config(**{"method.name": "pfedme", "method.beta": 2.0}))
     last = last_metrics(run_dir)

@@ -80,6 +80,7 @@ def run_script(fake: Path, data: Path, out: Path, *extra: str) -> subprocess.Com
     return subprocess.run(command + list(extra), capture_output=True, text=True, cwd=ROOT, timeout=600)
 
 
+@pytest.mark.slow
 def test_compares_with_pfllib_over_seeds_and_reuses_finished_sides(tmp_path, fake_pfllib):
     data = federation(tmp_path / "data")
     out = tmp_path / "out"
@@ -130,6 +131,7 @@ def test_compares_with_pfllib_over_seeds_and_reuses_finished_sides(tmp_path, fak
     assert float(list(csv.DictReader((out / "parity.csv").open()))[2]["pfllib"]) == pytest.approx((60 + 70 + 60) / 3)
 
 
+@pytest.mark.slow
 def test_a_changed_setting_reruns_the_pfllib_side(tmp_path, fake_pfllib):
     out = tmp_path / "out"
     log = out / "pfllib.log"
@@ -161,6 +163,7 @@ def test_a_changed_setting_reruns_the_pfllib_side(tmp_path, fake_pfllib):
     assert again.log == out / "pfllib-4.log"
 
 
+@pytest.mark.slow
 def test_a_round_is_in_once_pfllib_printed_all_its_evaluations(tmp_path, fake_pfllib):
     out = tmp_path / "out"
     args = {"times": "1", "global_rounds": "1"}
@@ -208,6 +211,7 @@ def test_pfllib_flags_come_from_plfls_config():
         parity.pfllib_args(cfg, parity.METHODS["perfedavg"], "MNIST", 20, 1)
 
 
+@pytest.mark.slow
 def test_missing_pfllib_checkout_is_named(tmp_path):
     result = run_script(tmp_path / "nowhere", federation(tmp_path / "data"), tmp_path / "out", "--method", "fedavg")
     assert result.returncode == 1

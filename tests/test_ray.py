@@ -90,6 +90,7 @@ def plfl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_a_federation_runs_on_a_ray_head_node_started_apart(tmp_path, digits_config):
     port, token = free_port(), secrets.token_hex(32)
     # A cluster as its user starts it, with token authentication (RAY_AUTH_TOKEN instead of ~/.ray/auth_token).
@@ -144,6 +145,7 @@ def local_ray(tmp_path_factory):
         os.environ["PYTHONPATH"] = saved
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(methods()))
 def test_ray_runs_every_method_as_sequential(local_ray, tmp_path, sequential_results, monkeypatch, method):
     """Every method's training, own steps and evaluation on 2 Ray actors: the sequential executor's metrics,
@@ -182,6 +184,7 @@ class Faulty(ClientWorker):
         return super().train(task)
 
 
+@pytest.mark.slow
 def test_an_actor_that_dies_mid_round_is_replaced_and_the_run_resumes_on_ray(local_ray, digits_config, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(RayExecutor, "worker", DiesOnce)
@@ -194,6 +197,7 @@ def test_an_actor_that_dies_mid_round_is_replaced_and_the_run_resumes_on_ray(loc
     assert results(resumed) == results(sequential)
 
 
+@pytest.mark.slow
 def test_a_second_death_fails_the_client_and_a_plfl_error_reaches_the_driver(local_ray, tiny_federation, monkeypatch):
     monkeypatch.setattr(RayExecutor, "worker", Faulty)
     context, model = make_context(tiny_federation)
@@ -214,6 +218,7 @@ def test_a_second_death_fails_the_client_and_a_plfl_error_reaches_the_driver(loc
     assert executor.actors == [] and ray.is_initialized()  # its actors are gone; the Ray it did not start stays
 
 
+@pytest.mark.slow
 def test_an_unreachable_address_is_a_clear_error_before_anything_is_written(tmp_path):
     address = f"127.0.0.1:{free_port()}"
     out = plfl("fit", "--config", str(tiny_config(tmp_path, 3)), f"ray.address={address}", env=environment())
@@ -244,6 +249,7 @@ def test_ray_keys_need_the_ray_executor():
         load_config(None, ["federation.executor=vectorized", "ray.num_actors=4"])
 
 
+@pytest.mark.slow
 def test_a_parallel_sweep_gives_the_sequential_results_and_resumes(local_ray, tmp_path):
     grid = {"federation.lr": {"values": [0.01, 0.1]}}
     one, two = tmp_path / "one", tmp_path / "two"
@@ -266,6 +272,7 @@ def test_a_parallel_sweep_gives_the_sequential_results_and_resumes(local_ray, tm
     assert sorted((two / "out").glob("*/*/summary.json")) == finished
 
 
+@pytest.mark.slow
 def test_a_stopped_parallel_sweep_continues_its_running_trials_with_their_parameters(
     local_ray, tmp_path, monkeypatch, capsys
 ):
@@ -306,6 +313,7 @@ def test_a_stopped_parallel_sweep_continues_its_running_trials_with_their_parame
     assert len(list((tmp_path / "out").glob("*/*/summary.json"))) == 3
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_run_and_the_ray_it_started(tmp_path):
     ray_dir = tempfile.mkdtemp(prefix="plfl-ray-")
     args = [sys.executable, "-m", "plfl.cli", "fit", "--config", str(tiny_config(tmp_path, 200)), "ray.num_actors=1"]

@@ -301,6 +301,7 @@ def require_chromium() -> None:
     pytest.skip(message)
 
 
+@pytest.mark.slow
 def test_report_renders_in_headless_chromium(runs_root, tmp_path, monkeypatch):
     require_chromium()
     from PIL import Image
@@ -481,6 +482,7 @@ FIGURE_STATE = """return [...document.querySelectorAll('.plotly-graph-div')].map
     xrange: p._fullLayout.xaxis.range}))"""
 
 
+@pytest.mark.slow
 def test_twenty_run_report_renders_readably_in_headless_chromium(sweep_root, tmp_path, monkeypatch):
     require_chromium()
     from selenium.common.exceptions import TimeoutException

@@ -22,7 +22,8 @@ from plfl.cli import main
 from plfl.config import resume_config
 from plfl.errors import ConfigError, PlflError
 from plfl.experiment import run_experiment
-from plfl.methods import methods
+
+from conftest import every_method
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,6 +76,7 @@ def results(run_dir: Path) -> tuple:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "method, corrupt_latest, executor, offload",
     [
@@ -128,7 +130,7 @@ EXTRA_OPTIONS = {
 }
 
 
-@pytest.mark.parametrize("method", sorted(methods()))
+@pytest.mark.parametrize("method", every_method())
 def test_every_method_continues_from_its_checkpoint_exactly(digits_config, method):
     """Server state, client store and RNGs all come back: 2 rounds + 1 resumed = 3 rounds straight."""
     options = {"method.name": method, **EXTRA_OPTIONS.get(method, {})}

@@ -15,8 +15,10 @@ from plfl.errors import ConfigError, DataError
 from plfl.experiment import run_experiment
 from plfl.models import build_model
 
+from conftest import SHARED_DATA, reads_shared_data
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY_SHAKESPEARE = ROOT.parent / "shared" / "data" / "shakespeare" / "input.txt"
+TINY_SHAKESPEARE = SHARED_DATA / "shakespeare" / "input.txt"
 WORDS = "thou art the very king of men and I do love thee well; what, ho! speak again".split()
 
 
@@ -137,7 +139,7 @@ def test_min_chars_is_range_checked_and_read_only_by_shakespeare():
         validate(OmegaConf.create({"data": {"source": "shakespeare", "min_chars": 100}}))
 
 
-@pytest.mark.skipif(not TINY_SHAKESPEARE.is_file(), reason=f"shared data not found at {TINY_SHAKESPEARE}")
+@reads_shared_data(TINY_SHAKESPEARE)
 def test_tiny_shakespeare_gives_36_roles_by_default():
     data = load(TINY_SHAKESPEARE.parent)
     assert len(data.clients) == 36

@@ -158,7 +158,7 @@ def test_offloaded_state_gives_the_same_run_and_checkpoint(digits_config, method
     torch.testing.assert_close(stored(offloaded), stored(in_ram), rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("method", ["fedala", "selffl"])
+@pytest.mark.parametrize("method", ["fedala", pytest.param("selffl", marks=pytest.mark.slow)])
 def test_offloaded_run_resumes_to_identical_metrics(digits_config, method):
     options = {
         "method.name": method,

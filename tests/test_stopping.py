@@ -17,6 +17,8 @@ from plfl.stopping import Stopped, deferred, stop_on_signals
 
 from test_resume import ROOT, results
 
+pytestmark = pytest.mark.slow  # real signals and subprocess runs: the slow tier
+
 # One local epoch takes seconds: a wide MLP, batch 5, on two digits clients of ~900 samples each, one a round.
 CONFIG = """\
 name: slow

@@ -204,7 +204,7 @@ def test_bayes_and_random_sweeps_stop_at_the_count_of_all_trials(tmp_path, monke
         run_sweep(tmp_path / "endless" / "sweep.yaml")
 
 
-@pytest.mark.parametrize("method", ["random", "bayes"])
+@pytest.mark.parametrize("method", ["random", pytest.param("bayes", marks=pytest.mark.slow)])
 def test_trials_run_in_this_process_do_not_repeat_the_engines_draws(tmp_path, method):
     """A trial reseeds Python's and NumPy's global generators (federation.seed), which the engine draws its
     proposals from: every trial still gets new parameters, and the same sweep proposes the same ones again."""
@@ -273,6 +273,7 @@ def test_a_metric_missing_from_summary_json_stops_the_sweep_naming_the_valid_one
     assert len(calls) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sweep_file", sorted((ROOT / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
 def test_the_shipped_sweep_files_load_and_propose_valid_trials(sweep_file, tmp_path, monkeypatch):
     calls = []
@@ -284,6 +285,7 @@ def test_the_shipped_sweep_files_load_and_propose_valid_trials(sweep_file, tmp_p
     assert "logger.name=wandb" in result.sweep.overrides  # so that the online agent's runs report to W&B
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", SEARCH_METHODS)
 def test_a_trial_stopped_by_a_signal_continues_from_its_checkpoint_with_its_parameters(
     tmp_path, monkeypatch, capsys, method
@@ -311,7 +313,7 @@ def test_a_trial_stopped_by_a_signal_continues_from_its_checkpoint_with_its_para
     assert run_dirs(tmp_path) == {run_dir, Path(other["run_dir"])}
 
 
-@pytest.mark.parametrize("method", SEARCH_METHODS)
+@pytest.mark.parametrize("method", ["grid", *(pytest.param(m, marks=pytest.mark.slow) for m in ("random", "bayes"))])
 def test_a_trial_stopped_before_its_first_checkpoint_starts_again_with_its_parameters(tmp_path, monkeypatch, method):
     calls = []
     monkeypatch.setattr(plfl.experiment, "run_experiment", fake_training(calls, interrupt_at=2))
@@ -334,6 +336,7 @@ def test_a_trial_stopped_before_its_first_checkpoint_starts_again_with_its_param
     assert len({t["parameters"]["federation.lr"] for t in result.trials}) == 3
 
 
+@pytest.mark.slow
 def test_a_trial_whose_run_completed_before_the_sweep_recorded_it_is_taken_as_it_is(tmp_path, monkeypatch):
     path = write_sweep(tmp_path, lr_search("grid"))
     ctrl_c_after_round(monkeypatch, None)

@@ -45,6 +45,7 @@ def synced_history(run_dir: Path) -> dict[str, list[dict]]:
     return history
 
 
+@pytest.mark.slow
 def test_resumed_run_rewinds_its_wandb_run_so_every_round_is_logged_once(tmp_path, monkeypatch):
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -92,6 +93,7 @@ def test_resumed_run_rewinds_its_wandb_run_so_every_round_is_logged_once(tmp_pat
     assert all(row["_step"] == row["round"] for row in rows)
 
 
+@pytest.mark.slow
 def test_rounds_that_wandb_lacks_are_logged_again_from_the_checkpoint(digits_config, monkeypatch):
     """A killed run's W&B files may lack its last rounds, the checkpoint's included (W&B writes every
     few seconds): here W&B has rounds 0-1 and the checkpoint is of round 3."""
@@ -129,6 +131,7 @@ def agent_run_id(monkeypatch):
     wandb.teardown()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cause", ["rewind refused", "sweep agent"])
 def test_without_a_rewind_a_new_wandb_run_names_the_old_one(digits_config, monkeypatch, request, cause):
     monkeypatch.setenv("WANDB_MODE", "offline")
