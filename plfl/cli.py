@@ -147,7 +147,7 @@ def fit(args: argparse.Namespace) -> None:
             f"Best accuracy {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
             f"{summary['seconds_per_round']:.2f} s per round"
         )
-        print(f"Disk use: {disk_use(run_dir) / 1e6:,.1f} MB (checkpoints: keep_checkpoints)")
+        print(disk_use_line(run_dir))
         print(f"Run directory: {run_dir}")
         run_dirs.append(run_dir)
     if args.seeds:
@@ -158,6 +158,17 @@ def fit(args: argparse.Namespace) -> None:
 def disk_use(path: Path) -> int:
     """Bytes of the files under ``path``."""
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def disk_use_line(run_dir: Path) -> str:
+    """What the run directory holds on disk, its checkpoints' share, and the keys that set how many are kept."""
+    checkpoints = run_dir / "checkpoints"
+    kept = disk_use(checkpoints) if checkpoints.is_dir() else 0
+    return (
+        f"Disk use: {disk_use(run_dir) / 1e6:,.1f} MB, checkpoints {kept / 1e6:,.1f} MB of it (keep_checkpoints=N "
+        "keeps the newest N; null, the default, keeps the last one once a run completes; checkpoint_every=0 "
+        "writes none)"
+    )
 
 
 def check_torch_builds() -> None:

@@ -9,10 +9,11 @@ from typing import Any, Callable, Optional
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, WandbRun
+from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, RunStart, WandbRun
 from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.config import ExperimentConfig
+from plfl.cpus import use_torch_threads
 from plfl.data import load_federated_data
 from plfl.errors import PlflError
 from plfl.executors import build_executor
@@ -56,6 +57,7 @@ def run_experiment(
             f"{cfg.federation.rounds}; to train longer, pass federation.rounds=N with N larger."
         )
     config: ExperimentConfig = OmegaConf.to_object(cfg)
+    threads = use_torch_threads(config.federation.threads)
     L.seed_everything(config.federation.seed, verbose=False)
     data = load_federated_data(config.data, config.federation.seed)
     model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
@@ -67,7 +69,7 @@ def run_experiment(
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or run_dir or new_run_dir(Path(cfg.output_dir) / cfg.name)
         write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
+        run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()), threads=threads)
         if config.federation.state_offload:
             context.store.offload(run_dir / "client-state")
         loop = FederationLoop(method, context, executor, [], run)
@@ -84,7 +86,7 @@ def run_experiment(
 def build_callbacks(cfg: DictConfig, state: Callable[[], dict[str, Any]]) -> list[FederationCallback]:
     """The callbacks the config asks for: result files always, W&B and the progress bar on request,
     and checkpoints of ``state()`` unless ``checkpoint_every`` is 0 (last, after the result files)."""
-    callbacks: list[FederationCallback] = [RunFiles(metrics=cfg.logger.name != "none")]
+    callbacks: list[FederationCallback] = [RunStart(), RunFiles(metrics=cfg.logger.name != "none")]
     if cfg.logger.name == "wandb":
         callbacks.append(WandbRun(cfg.logger.project, cfg.logger.entity, cfg.logger.verbose))
     if cfg.progress_bar:

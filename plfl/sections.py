@@ -47,6 +47,13 @@ class FederationConfig:
         "where client work runs: one client after another on one Lightning Trainer (sequential), a round's "
         "clients stacked and trained in lock-step with torch.func (vectorized), or a pool of Ray actors (ray)",
     )
+    threads: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "null or an integer >= 1",
+        "torch's CPU threads in the run's process (null: OMP_NUM_THREADS when set, else half the CPUs the process "
+        "may use, its core set and CPU quota counted); Ray actors take ray.num_cpus_per_actor each",
+    )
     state_offload: bool = documented(
         False,
         "keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state "

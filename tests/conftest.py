@@ -2,6 +2,7 @@
 to the shared real data."""
 
 import csv
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -27,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 FEDALA_MNIST = SHARED_DATA / "fedala-mnist-dir0.1"
 
-# Small models at batches of 10-20: a second intra-op thread mostly spin-waits. With other processes
-# on the two cores it made runs 3-7x slower (quickstart 297 s vs 42 s) for the same results.
+# One torch thread in this process and in every run and subprocess it starts (plfl's federation.threads reads
+# OMP_NUM_THREADS): the tests' federations are tiny, and tests run beside other jobs, where a second thread stalls.
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 

@@ -48,7 +48,11 @@ def test_quickstart_runs_and_writes_the_run_directory(tmp_path):
     # The run directory when the run starts (stderr), a line per round with the run's ETA, and the disk use.
     assert out.stderr.splitlines()[0] == f"Run directory: {run_dir}"
     assert re.search(r"^round +20/20  accuracy .* s  ETA 0:00:00$", out.stderr, re.MULTILINE)
-    assert re.fullmatch(r"Disk use: [\d.,]+ MB \(checkpoints: keep_checkpoints\)", out.stdout.splitlines()[-2])
+    assert re.fullmatch(
+        r"Disk use: [\d.,]+ MB, checkpoints [\d.,]+ MB of it \(keep_checkpoints=N keeps the newest N; null, the "
+        r"default, keeps the last one once a run completes; checkpoint_every=0 writes none\)",
+        out.stdout.splitlines()[-2],
+    )
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["round-00020.pt"]  # completed: the last one
 
 

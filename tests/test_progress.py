@@ -9,17 +9,18 @@ import pytest
 from rich.console import Console
 
 from plfl.activity import Activity
-from plfl.callbacks import RoundProgress
+from plfl.callbacks import RoundProgress, RunStart
 from plfl.experiment import run_experiment
 
 
-def run_with_progress(digits_config, monkeypatch, terminal: bool) -> tuple[str, object]:
-    """A 2-round digits run whose progress goes to a string, its heartbeat every 20 ms; (output, run dir)."""
+def run_with_progress(digits_config, monkeypatch, terminal: bool, **keys) -> tuple[str, object]:
+    """A 2-round digits run whose start and progress go to a string, its heartbeat every 20 ms; (output, run dir)."""
     out = io.StringIO()
     console = Console(file=out, force_terminal=terminal, width=120, soft_wrap=True)
     monkeypatch.setattr("plfl.experiment.RoundProgress", lambda: RoundProgress(console, heartbeat_s=0.02))
+    monkeypatch.setattr("plfl.experiment.RunStart", lambda: RunStart(console))
     run_dir, _ = run_experiment(
-        digits_config(**{"progress_bar": True, "federation.rounds": 2, "federation.local_epochs": 20})
+        digits_config(**{"progress_bar": True, "federation.rounds": 2, "federation.local_epochs": 20, **keys})
     )
     return out.getvalue(), run_dir
 
@@ -27,7 +28,7 @@ def run_with_progress(digits_config, monkeypatch, terminal: bool) -> tuple[str, 
 def test_a_log_gets_the_run_directory_a_line_per_round_and_a_heartbeat_inside_rounds(digits_config, monkeypatch):
     text, run_dir = run_with_progress(digits_config, monkeypatch, terminal=False)
     lines = text.splitlines()
-    assert lines[0] == f"Run directory: {run_dir}"
+    assert lines[0] == f"Run directory: {run_dir} (torch threads: 1)"
     rounds = [line for line in lines if re.match(r"round +\d/2  accuracy", line)]
     assert len(rounds) == 3 and rounds[0].endswith("ETA -:--:--")  # no training round measured yet
     assert re.search(r"train loss [\d.]+  [\d.]+ s  ETA 0:00:0\d$", rounds[1])
@@ -43,6 +44,11 @@ def test_a_terminal_gets_a_live_display_above_which_the_round_lines_stay(digits_
     assert raw != text and f"Run directory: {run_dir}" in text
     assert len(re.findall(r"round +\d/2  accuracy", text)) == 3
     assert "fedavg-digits rounds" in text and re.search(r"round \d: \w+.*steps", text)  # the live display's lines
+
+
+def test_without_a_progress_display_the_run_directory_comes_before_the_first_round(digits_config, monkeypatch):
+    text, run_dir = run_with_progress(digits_config, monkeypatch, terminal=False, progress_bar=False)
+    assert text == f"Run directory: {run_dir} (torch threads: 1)\n"  # and no round lines: no display
 
 
 def test_the_inside_of_a_round_says_phase_work_clients_steps_and_etas_from_measured_rounds(monkeypatch):

@@ -1,4 +1,5 @@
-"""Progress on stderr: the run directory when the run starts, a line per round, and what happens inside a round.
+"""Progress on stderr: the run directory when the run starts (:class:`RunStart`, whatever the progress setting),
+a line per round, and what happens inside a round (:class:`RoundProgress`).
 
 On a terminal, a live display (rich) holds two lines: the rounds done of the run's, with elapsed time and ETA,
 and the current round's phase (training, broadcast, evaluation), the work an executor runs (training, ALA's
@@ -35,6 +36,17 @@ def clock(seconds: Optional[float]) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
+class RunStart(FederationCallback):
+    """The run directory and torch's CPU threads on ``console`` (default: stderr) when the run starts or resumes,
+    with or without a progress display: a batch job's log names the directory before the first round."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True, soft_wrap=True)
+
+    def on_fit_start(self, run: RunInfo) -> None:
+        self.console.print(f"Run directory: {run.run_dir} (torch threads: {run.threads})", highlight=False)
+
+
 class RoundProgress(FederationCallback):
     """The progress of a run on ``console`` (default: stderr); see the module docstring."""
 
@@ -47,7 +59,6 @@ class RoundProgress(FederationCallback):
     def on_fit_start(self, run: RunInfo) -> None:
         self.rounds = run.config.federation.rounds
         self.durations = [r.metrics["seconds"] for r in run.history if r.round > 0]
-        self.console.print(f"Run directory: {run.run_dir}")
         if self.console.is_terminal:
             self.progress = Progress(
                 TextColumn("[bold]{task.description}"),

@@ -1,15 +1,18 @@
-"""Adaptive Local Aggregation (ALA), FedALA's local initialisation, as a component of any method.
+r"""Adaptive Local Aggregation (ALA), FedALA's local initialisation, as a component of any method.
 
 Zhang et al., "FedALA: Adaptive Local Aggregation for Personalized Federated Learning", AAAI 2023, Eq. 3–5
-and Algorithm 1 (lines 6–16). With Θ the received global model, Θ_i the client's old local model and the top
-p parameter tensors (``named_parameters`` order, counted from the end):
+and Algorithm 1 (lines 6–16). With :math:`\Theta` the received global model, :math:`\Theta_i` the client's old
+local model and the top p parameter tensors (``named_parameters`` order, counted from the end):
 
-- lower tensors: Θ̂ = Θ (Eq. 4);
-- top tensors: Θ̂ = Θ_i + (Θ − Θ_i) ⊙ W_i (Eq. 3);
-- per mini-batch of an s % sample of D_i (the same batches every epoch):
-  W_i ← clamp(W_i − η · ∇_Θ̂ L(Θ̂) ⊙ (Θ − Θ_i), 0, 1) (Eq. 5), then recompute Θ̂ (:class:`ALAStep`).
+- lower tensors: :math:`\hat\Theta = \Theta` (Eq. 4);
+- top tensors: :math:`\hat\Theta = \Theta_i + (\Theta - \Theta_i) \odot W_i` (Eq. 3);
+- per mini-batch of an s % sample of :math:`D_i` (the same batches every epoch), then recompute
+  :math:`\hat\Theta` (:class:`ALAStep`):
 
-The first time it runs for a client (W_i absent, all ones to start: the "initial stage") it repeats epochs
+  .. math:: W_i \leftarrow \mathrm{clamp}\big(W_i - \eta\, \nabla_{\hat\Theta} L(\hat\Theta) \odot
+     (\Theta - \Theta_i),\ 0,\ 1\big) \qquad \text{(Eq. 5)}
+
+The first time it runs for a client (:math:`W_i` absent, all ones to start: the "initial stage") it repeats epochs
 until more than ``num_pre_loss`` epoch losses are recorded and the std of the last ``num_pre_loss`` is below
 ``threshold`` (the recorded loss is each epoch's last batch loss, :func:`settled`), at most
 ``max_init_epochs`` (a cap the reference code lacks: it can loop forever); afterwards exactly one epoch. Each

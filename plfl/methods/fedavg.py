@@ -42,9 +42,10 @@ def weighted_average(states: list[Params], weights: list[float]) -> Params:
 
 
 class FedAvg(Method):
-    """FedAvg (McMahan et al., AISTATS 2017): sample-size weighted average of client models.
+    r"""FedAvg (McMahan et al., AISTATS 2017): sample-size weighted average of client models.
 
-    Θ^t = Σ_{i∈S_t} n_i Θ_i^t / Σ_{i∈S_t} n_i, n_i the client's training samples (Alg. 1).
+    :math:`\Theta^t = \sum_{i \in S_t} n_i \Theta_i^t / \sum_{i \in S_t} n_i`, :math:`n_i` the client's training
+    samples (Alg. 1).
     """
 
     name = "fedavg"

@@ -31,10 +31,10 @@ class FedFTHAConfig(MethodConfig):
 
 
 class FedFTHA(Method):
-    """FedFTHA (IEEE IoT-J 2023): FedFT plus a global head averaged over all heads.
+    r"""FedFTHA (IEEE IoT-J 2023): FedFT plus a global head averaged over all heads.
 
-    Client (``local_train`` + ``post_train``): τ_sync epochs on body and head
-    (Eq. 6), then τ_head epochs on the head alone (Eq. 7); it uploads both.
+    Client (``local_train`` + ``post_train``): :math:`\tau_{sync}` epochs on body and head
+    (Eq. 6), then :math:`\tau_{head}` epochs on the head alone (Eq. 7); it uploads both.
     Server (``aggregate``): the new body is the unweighted mean of the
     participants' bodies (Eq. 9); a head dictionary keeps each client's latest
     head; the global head is the mean of all heads in it (FedHA, Eq. 8).

@@ -1,8 +1,9 @@
-"""FedProx (Li et al., MLSys 2020, arXiv:1812.06127): FedAvg with a proximal term in local training.
+r"""FedProx (Li et al., MLSys 2020, arXiv:1812.06127): FedAvg with a proximal term in local training.
 
-Client k of round t approximately minimises h_k(w; w^t) = F_k(w) + μ/2 ‖w − w^t‖² (Eq. 2),
-w^t the global model it received, so each SGD step adds μ(w − w^t) to the gradient of the
-local cross-entropy F_k. ``local_train`` implements it with
+Client k of round t approximately minimises
+:math:`h_k(w; w^t) = F_k(w) + \frac{\mu}{2} \lVert w - w^t \rVert^2` (Eq. 2),
+:math:`w^t` the global model it received, so each SGD step adds :math:`\mu(w - w^t)` to the gradient of the
+local cross-entropy :math:`F_k`. ``local_train`` implements it with
 :class:`plfl.tasks.ProximalTerm` anchored at the server's message; every other hook is
 FedAvg's (the received global model is the local initialisation and what gets evaluated,
 unless ``method.ala`` replaces it). μ = 0 is FedAvg.

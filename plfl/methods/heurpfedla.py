@@ -1,5 +1,6 @@
-"""HeurpFedLA (Ma et al., CVPR 2022, Alg. 2, Eq. 12): pFedLA (:mod:`plfl.methods.pfedla`) whose clients keep
-the k layers with the largest self-weights α_i^{l,i} local: the server neither aggregates nor sends them."""
+r"""HeurpFedLA (Ma et al., CVPR 2022, Alg. 2, Eq. 12): pFedLA (:mod:`plfl.methods.pfedla`) whose clients keep
+the k layers with the largest self-weights :math:`\alpha_i^{l,i}` local: the server neither aggregates nor sends
+them."""
 
 from __future__ import annotations
 

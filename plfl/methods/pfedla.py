@@ -1,35 +1,37 @@
-"""pFedLA and HeurpFedLA (Ma et al., CVPR 2022): layer-wise personalized aggregation by hypernetworks.
+r"""pFedLA and HeurpFedLA (Ma et al., CVPR 2022): layer-wise personalized aggregation by hypernetworks.
 
-The server keeps every client's latest trained parameters θ_j and, for every
-client i, a hypernetwork HN_i(v_i; ψ_i) with a learnable embedding v_i whose
-output α_i (L layers × N clients) weights the clients' layers (Eq. 3–6):
+The server keeps every client's latest trained parameters :math:`\theta_j` and, for every
+client i, a hypernetwork :math:`HN_i(v_i; \psi_i)` with a learnable embedding :math:`v_i` whose
+output :math:`\alpha_i` (L layers × N clients) weights the clients' layers (Eq. 3–6):
 
-    θ̄_i^l = Σ_j α_i^{l,j} θ_j^l.
+.. math:: \bar\theta_i^l = \sum_j \alpha_i^{l,j} \theta_j^l.
 
-Client i trains from θ̄_i and uploads θ_i^new; the server sets θ_i ← θ_i^new
-and moves v_i, ψ_i one step down ½‖θ̄_i − θ_i^new‖², whose gradient is
-−(∂θ̄_i/∂ψ_i)ᵀ Δθ_i with Δθ_i = θ_i^new − θ̄_i (Eq. 10–11; likewise v_i).
+Client i trains from :math:`\bar\theta_i` and uploads :math:`\theta_i^{new}`; the server sets
+:math:`\theta_i \leftarrow \theta_i^{new}` and moves :math:`v_i, \psi_i` one step down
+:math:`\tfrac12 \lVert \bar\theta_i - \theta_i^{new} \rVert^2`, whose gradient is
+:math:`-(\partial\bar\theta_i / \partial\psi_i)^\top \Delta\theta_i` with
+:math:`\Delta\theta_i = \theta_i^{new} - \bar\theta_i` (Eq. 10–11; likewise :math:`v_i`).
 
 HeurpFedLA (Alg. 2, Eq. 12) keeps, for client i, the k layers with the
-largest self-weights α_i^{l,i} local: the server neither aggregates nor
+largest self-weights :math:`\alpha_i^{l,i}` local: the server neither aggregates nor
 sends them. BatchNorm running statistics are never aggregated or sent.
 
-The paper's: the hypernetwork's structure, θ̄_i, the loss of Eq. 10–11 and
+The paper's: the hypernetwork's structure, :math:`\bar\theta_i`, the loss of Eq. 10–11 and
 its sign, HeurpFedLA's rule (:mod:`plfl.methods.heurpfedla`). plfl's choices,
 where the paper gives no value or its literal form does not learn, each a key
 (why, with the measurements: the documentation's fidelity page, "pFedLA"):
 
 - the step: Adam (``method.hn_optimizer``, ``method.hn_lr`` 0.003); plain SGD
   at the re-implementations' 5e-3 moves no weight;
-- α = softmax of the heads' outputs o bounded by R·tanh(o/R)
+- :math:`\alpha` = softmax of the heads' outputs o bounded by :math:`R \tanh(o/R)`
   (``method.activation``, ``method.logit_bound`` R = 3): no weight falls below
-  e^(-2R) times the largest of its row; the outputs start at zero, so α starts
-  uniform. The paper's ReLU / row sum is ``method.activation=relu``;
+  :math:`e^{-2R}` times the largest of its row; the outputs start at zero, so
+  :math:`\alpha` starts uniform. The paper's ReLU / row sum is ``method.activation=relu``;
 - decoupled weight decay of the heads (``method.hn_weight_decay`` 100, AdamW),
   so that an output does not run on past the bound, where tanh's gradient
   vanishes;
-- no step while every stored θ_j is still the initial model: θ̄_i then does
-  not depend on α_i, and the gradient is rounding noise.
+- no step while every stored :math:`\theta_j` is still the initial model: :math:`\bar\theta_i`
+  then does not depend on :math:`\alpha_i`, and the gradient is rounding noise.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware personalized federated learning.
+r"""Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware personalized federated learning.
 
 "Self-Aware Personalized Federated Learning", arXiv:2204.08069, Sections 2–3 and Algorithm 1. The
-paper's two-level Gaussian model (Eq. 1): θ_m ~ N(θ_0, σ_0²) across clients,
-client m's local optimum z_m ~ N(θ_m, σ_m²). Precision weights
-w_m = (σ_0² + σ_m²)⁻¹ and W = Σ_m w_m drive three rules: the leave-one-out
+paper's two-level Gaussian model (Eq. 1): :math:`\theta_m \sim N(\theta_0, \sigma_0^2)` across clients,
+client m's local optimum :math:`z_m \sim N(\theta_m, \sigma_m^2)`. Precision weights
+:math:`w_m = (\sigma_0^2 + \sigma_m^2)^{-1}` and :math:`W = \sum_m w_m` drive three rules: the leave-one-out
 initialisation of local training (Eq. 9–10), the number of local steps
 (Eq. 8/16) and the variance-weighted aggregation (Eq. 11). The variances are
 estimated online from the uploaded models (Eq. 13–14).
@@ -156,25 +156,27 @@ def known(value: torch.Tensor) -> Optional[float]:
 
 
 class SelfFL(Method):
-    """Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware init, steps and aggregation.
+    r"""Self-FL (Chen et al., NeurIPS 2022): uncertainty-aware init, steps and aggregation.
 
     Leave-one-out initialisation, variance-driven local steps and aggregation.
 
     Client m in round t (``local_train``): from what it received last
-    (Θ^{t-1}, σ_0², W) and its own σ_m², w_m = (σ_0² + σ_m²)⁻¹, w̃_m = w_m / W,
-    v_{-m} = 1 / (W − w_m); it trains l_m SGD steps (Eq. 8, clipped to
-    [l_min, l_max], η = ``federation.lr``) from INIT_m (Eq. 10, its latest
-    personal model Θ_m^{t-1}; ``init: global`` starts from Θ^{t-1}). It then
-    adds the trained Θ_m^t to its running per-coordinate statistics (Welford)
-    and uploads Θ_m^t with σ_m² (Eq. 13), floored at ``eps``.
+    (:math:`\Theta^{t-1}, \sigma_0^2, W`) and its own :math:`\sigma_m^2`,
+    :math:`w_m = (\sigma_0^2 + \sigma_m^2)^{-1}`, :math:`\tilde w_m = w_m / W`,
+    :math:`v_{-m} = 1 / (W - w_m)`; it trains :math:`l_m` SGD steps (Eq. 8, clipped to
+    :math:`[l_{min}, l_{max}]`, :math:`\eta` = ``federation.lr``) from :math:`INIT_m` (Eq. 10, its latest
+    personal model :math:`\Theta_m^{t-1}`; ``init: global`` starts from :math:`\Theta^{t-1}`). It then
+    adds the trained :math:`\Theta_m^t` to its running per-coordinate statistics (Welford)
+    and uploads :math:`\Theta_m^t` with :math:`\sigma_m^2` (Eq. 13), floored at ``eps``.
 
-    Server (``aggregate``): σ_0² is the across-client variance of the round's
-    uploads (Eq. 14, floored at ``eps``); Θ̂^t = Σ_{S_t} w_m Θ_m^t / Σ_{S_t} w_m
-    (Eq. 11), smoothed as Θ^t = (1 − C) Θ^{t-1} + C Θ̂^t with C =
-    ``federation.join_ratio``. W sums w_m over all clients, a client without a
-    σ_m² yet counted with the mean of the known ones, so that w̃_m ≈ client
-    m's share in the smoothed global model and v_{-m} is Eq. 2's posterior
-    variance over the whole population. It downloads Θ^t, σ_0² and W.
+    Server (``aggregate``): :math:`\sigma_0^2` is the across-client variance of the round's
+    uploads (Eq. 14, floored at ``eps``);
+    :math:`\hat\Theta^t = \sum_{S_t} w_m \Theta_m^t / \sum_{S_t} w_m` (Eq. 11), smoothed as
+    :math:`\Theta^t = (1 - C) \Theta^{t-1} + C \hat\Theta^t` with C =
+    ``federation.join_ratio``. W sums :math:`w_m` over all clients, a client without a
+    :math:`\sigma_m^2` yet counted with the mean of the known ones, so that :math:`\tilde w_m` ≈ client
+    m's share in the smoothed global model and :math:`v_{-m}` is Eq. 2's posterior
+    variance over the whole population. It downloads :math:`\Theta^t`, :math:`\sigma_0^2` and W.
 
     Warm-up: rounds 1..``warmup_rounds`` are plain FedAvg (training from
     Θ^{t-1} for ``federation.local_epochs`` epochs, sample-size weights), and
