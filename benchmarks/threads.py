@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -34,8 +36,9 @@ def torch_default_threads() -> int:
     return int(out.stdout.strip())
 
 
-def seconds_per_round(config: str, overrides: list[str], env: dict[str, str]) -> float:
-    """One round of ``config`` in a fresh ``plfl fit`` process: summary.json's seconds per round."""
+def seconds_per_round(config: str, overrides: list[str], env: dict[str, str]) -> tuple[float, int]:
+    """One round of ``config`` in a fresh ``plfl fit`` process: summary.json's seconds per round, and the torch
+    threads it ran on (``federation.threads`` in its config.yaml)."""
     with tempfile.TemporaryDirectory() as out:
         code = "import sys; from plfl.cli import main; sys.exit(main(sys.argv[1:]))"
         args = ["fit", "--config", config, "federation.rounds=1", "progress_bar=false", "checkpoint_every=0"]
@@ -44,7 +47,8 @@ def seconds_per_round(config: str, overrides: list[str], env: dict[str, str]) ->
         if done.returncode:
             sys.exit(f"threads.py: plfl fit failed:\n{done.stderr[-3000:]}")
         (summary,) = Path(out).rglob("summary.json")
-        return json.loads(summary.read_text())["seconds_per_round"]
+        threads = yaml.safe_load((summary.parent / "config.yaml").read_text())["federation"]["threads"]
+        return json.loads(summary.read_text())["seconds_per_round"], threads
 
 
 def main() -> None:
@@ -58,25 +62,28 @@ def main() -> None:
     settings = {
         "plfl's default": (base, []),
         "OMP_NUM_THREADS=1": ({**base, "OMP_NUM_THREADS": "1"}, []),
-        f"torch's default ({cores} threads)": (base, [f"federation.threads={cores}"]),
+        "torch's default": (base, [f"federation.threads={cores}"]),
     }
     print(f"{args.config} {' '.join(args.overrides)}: 1 round, {args.runs} runs each, {os.cpu_count()} CPUs")
     print("| load | setting | median s/round | / best of this load |\n| --- | --- | --- | --- |")
     for load in ("idle", "busy"):
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None
         try:
-            times = {
-                name: statistics.median(
-                    seconds_per_round(args.config, args.overrides + extra, env) for _ in range(args.runs)
-                )
+            runs = {
+                name: [seconds_per_round(args.config, args.overrides + extra, env) for _ in range(args.runs)]
                 for name, (env, extra) in settings.items()
             }
         finally:
             if hog is not None:
                 hog.kill()
+        times = {name: statistics.median(seconds for seconds, _ in results) for name, results in runs.items()}
         best = min(times.values())
-        for name, seconds in times.items():
-            print(f"| {load} | {name} | {seconds:.1f} | {seconds / best:.2f} |", flush=True)
+        for name, results in runs.items():
+            threads = "/".join(str(t) for t in sorted({threads for _, threads in results}))
+            print(
+                f"| {load} | {name} (torch threads: {threads}) | {times[name]:.1f} | {times[name] / best:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

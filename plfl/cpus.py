@@ -3,30 +3,38 @@
 torch starts as many intra-op threads as the machine has cores, whatever share of them the process may use:
 in a container or a Slurm job limited by a CPU quota, on a core set (``taskset``), or beside another busy
 process. At plfl's batch sizes an operation's threads meet at a barrier every few microseconds, so a thread that
-waits for a core stalls the others (a FedAvg round on a shared 2-core machine took 7.7 times as long with two
-threads as with one). plfl therefore sets the count itself before training.
+waits for a core stalls the others, and a round can take several times as long (docs/results:
+threads-fedavg-mnist). plfl therefore sets the count itself before training, from the CPUs the process may use
+and how many of them are idle.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 from typing import Optional
 
 CGROUP = Path("/sys/fs/cgroup")
+PROC_STAT = Path("/proc/stat")
 
 
 def usable_cpus() -> int:
     """The CPUs this process may run on: its affinity mask (``os.sched_getaffinity``; the machine's count where
     the platform has none), capped by a CFS quota of its cgroup (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``),
     rounded down, at least 1."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cpus = os.cpu_count() or 1
     quota = cgroup_quota()
+    cpus = len(allowed_cpus())
     return max(1, min(cpus, math.floor(quota)) if quota is not None else cpus)
+
+
+def allowed_cpus() -> set[int]:
+    """The numbers of the CPUs in this process's affinity mask (all the machine's where the platform has none)."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return set(range(os.cpu_count() or 1))
 
 
 def cgroup_quota() -> Optional[float]:
@@ -55,9 +63,44 @@ def torch_threads(setting: Optional[int]) -> int:
 
 
 def default_threads() -> int:
-    """Half the CPUs the process may use (:func:`usable_cpus`), at least 1: the rest stay free for the loop's own
-    work and for a busy neighbour, which would otherwise stall every operation's threads."""
-    return max(1, usable_cpus() // 2)
+    """The CPUs the process may use (:func:`usable_cpus`) that are idle as the run starts (:func:`idle_cpus`,
+    rounded to the nearest), at least 1; all usable CPUs where the platform reports no CPU times. A busy
+    neighbour's core is left to it: a thread that shares it would stall every operation's other threads."""
+    usable = usable_cpus()
+    idle = idle_cpus()
+    return usable if idle is None else max(1, min(usable, math.floor(idle + 0.5)))
+
+
+def idle_cpus(interval: float = 0.25) -> Optional[float]:
+    """CPUs' worth of idle time among the CPUs this process may run on (:func:`allowed_cpus`), measured over
+    ``interval`` seconds from Linux's ``/proc/stat``; this process sleeps meanwhile, so its own work does not
+    count. None without ``/proc/stat`` (macOS, Windows)."""
+    before = cpu_ticks()
+    if before is None:
+        return None
+    time.sleep(interval)
+    after = cpu_ticks() or {}
+    idle = 0.0
+    for cpu in allowed_cpus() & before.keys() & after.keys():
+        idle_ticks, all_ticks = (a - b for a, b in zip(after[cpu], before[cpu]))
+        idle += idle_ticks / all_ticks if all_ticks > 0 else 1.0  # no ticks counted: nothing ran there
+    return idle
+
+
+def cpu_ticks() -> Optional[dict[int, tuple[int, int]]]:
+    """Each CPU's (idle, all) clock ticks since boot from ``/proc/stat``; idle counts I/O wait, all counts user,
+    nice, system, idle, iowait, irq, softirq and steal (guest time is inside user). None without the file."""
+    try:
+        lines = PROC_STAT.read_text().splitlines()
+    except OSError:
+        return None
+    ticks = {}
+    for line in lines:
+        name, *fields = line.split() or [""]
+        if name.startswith("cpu") and name[3:].isdigit():
+            counts = [int(f) for f in fields[:8]]
+            ticks[int(name[3:])] = (counts[3] + counts[4], sum(counts))
+    return ticks
 
 
 def use_torch_threads(setting: Optional[int]) -> int:

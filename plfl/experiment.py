@@ -58,6 +58,8 @@ def run_experiment(
         )
     config: ExperimentConfig = OmegaConf.to_object(cfg)
     threads = use_torch_threads(config.federation.threads)
+    # config.yaml records the count, so that a resumed run uses it: torch's CPU results depend on it in the last bits
+    cfg = OmegaConf.merge(cfg, {"federation": {"threads": threads}})
     L.seed_everything(config.federation.seed, verbose=False)
     data = load_federated_data(config.data, config.federation.seed)
     model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)

@@ -51,8 +51,9 @@ class FederationConfig:
         None,
         lambda v: v is None or v >= 1,
         "null or an integer >= 1",
-        "torch's CPU threads in the run's process (null: OMP_NUM_THREADS when set, else half the CPUs the process "
-        "may use, its core set and CPU quota counted); Ray actors take ray.num_cpus_per_actor each",
+        "torch's CPU threads in the run's process (null: OMP_NUM_THREADS when set, else the CPUs the process may "
+        "use, its core set and CPU quota counted, that are idle as the run starts; the run's config.yaml records "
+        "the count, and a resumed run uses it); Ray actors take ray.num_cpus_per_actor each",
     )
     state_offload: bool = documented(
         False,
