@@ -65,7 +65,7 @@ def main() -> None:
         "torch's default": (base, [f"federation.threads={cores}"]),
     }
     print(f"{args.config} {' '.join(args.overrides)}: 1 round, {args.runs} runs each, {os.cpu_count()} CPUs")
-    print("| load | setting | median s/round | / best of this load |\n| --- | --- | --- | --- |")
+    print("| load | setting | torch threads | median s/round | / best of this load |\n| --- | --- | --- | --- | --- |")
     for load in ("idle", "busy"):
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load == "busy" else None
         try:
@@ -81,7 +81,7 @@ def main() -> None:
         for name, results in runs.items():
             threads = "/".join(str(t) for t in sorted({threads for _, threads in results}))
             print(
-                f"| {load} | {name} (torch threads: {threads}) | {times[name]:.1f} | {times[name] / best:.2f} |",
+                f"| {load} | {name} | {threads} | {times[name]:.1f} | {times[name] / best:.2f} |",
                 flush=True,
             )
 
