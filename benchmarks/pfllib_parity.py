@@ -330,10 +330,11 @@ class PlflSide(Side):
         sections = ("data", "model", "method", "federation")
         wanted = {s: OmegaConf.to_container(self.cfg[s]) for s in sections}
         wanted["federation"]["seed"] = seed
+        wanted["federation"].pop("threads", None)  # each run records the thread count it chose
         for summary in sorted((self.out / f"seed{seed}").glob("*/summary.json"), reverse=True):
-            saved = OmegaConf.load(summary.parent / "config.yaml")
-            same = all(OmegaConf.to_container(saved[s]) == wanted[s] for s in sections)
-            if same and read_report_run(summary.parent).status == "completed":
+            saved = {s: OmegaConf.to_container(OmegaConf.load(summary.parent / "config.yaml")[s]) for s in sections}
+            saved["federation"].pop("threads", None)
+            if saved == wanted and read_report_run(summary.parent).status == "completed":
                 return summary.parent
         return None
 

@@ -46,7 +46,7 @@ def test_quickstart_runs_and_writes_the_run_directory(tmp_path):
     assert summary["best_accuracy"] > 0.8  # digits, Dir(0.1), 20 clients: measured 0.9x
     assert len((run_dir / "metrics.csv").read_text().splitlines()) == 1 + 21
     # The run directory when the run starts (stderr), a line per round with the run's ETA, and the disk use.
-    assert out.stderr.splitlines()[0] == f"Run directory: {run_dir}"
+    assert out.stderr.splitlines()[0] == f"Run directory: {run_dir} (torch threads: 1)"
     assert re.search(r"^round +20/20  accuracy .* s  ETA 0:00:00$", out.stderr, re.MULTILINE)
     assert re.fullmatch(
         r"Disk use: [\d.,]+ MB, checkpoints [\d.,]+ MB of it \(keep_checkpoints=N keeps the newest N; null, the "
