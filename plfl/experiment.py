@@ -71,7 +71,7 @@ def run_experiment(
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or run_dir or new_run_dir(Path(cfg.output_dir) / cfg.name)
         write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()), threads=threads)
+        run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
         if config.federation.state_offload:
             context.store.offload(run_dir / "client-state")
         loop = FederationLoop(method, context, executor, [], run)

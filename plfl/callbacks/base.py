@@ -21,7 +21,6 @@ class RunInfo:
     num_parameters: int  # scalars in the global model
     # Rounds finished before this start (restored from a checkpoint by plfl fit --resume); empty for a new run.
     history: list[RoundResult] = field(default_factory=list)
-    threads: int = 1  # torch's CPU threads in the run's process (federation.threads)
 
 
 @dataclass

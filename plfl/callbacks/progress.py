@@ -44,7 +44,8 @@ class RunStart(FederationCallback):
         self.console = console or Console(stderr=True, soft_wrap=True)
 
     def on_fit_start(self, run: RunInfo) -> None:
-        self.console.print(f"Run directory: {run.run_dir} (torch threads: {run.threads})", highlight=False)
+        threads = run.config.federation.threads  # the count the run chose, recorded in its config
+        self.console.print(f"Run directory: {run.run_dir} (torch threads: {threads})", highlight=False)
 
 
 class RoundProgress(FederationCallback):
