@@ -3,13 +3,15 @@
 Methods build tasks and read results; executors run tasks and build results. Both import this
 module, never each other. A task names its client by id (the executor holds the federation's data)
 and carries everything else by value, so that any executor (in-process, vectorized, on a remote
-worker) runs it the same way. Three kinds:
+worker) runs it the same way. Four kinds:
 
 - :class:`TrainTask`: local training of the model with SGD on the cross-entropy (Lightning's loop on
   the sequential executor), optionally with a proximal term or part of the parameters frozen;
 - :class:`StepTask`: a method's own update, one :class:`Step` per mini-batch of the one batch order
   (:mod:`plfl.batches`) or of given samples in a given order: ALA's weight learning, pFedMe's bi-level
   steps, APPLE's mixture, ...;
+- :class:`FeatureTask`: the outputs of a submodule (the body's features) on some of a client's training
+  samples, e.g. for a step that trains the head on fixed features (ALA) or for class prototypes;
 - :class:`EvalTask`: accuracy and loss of a model on a client's test split, or on part of its
   training split.
 
@@ -139,8 +141,9 @@ class StepTask:
 
     The batches are the one batch order of ``batch_size`` (:func:`plfl.batches.training_rows`, drawn from
     ``seed``) for ``epochs`` epochs or ``steps`` batches, or, with ``ordered_samples``, those training samples
-    in their order, cut into the same batches every epoch. A last batch shorter than ``min_last_batch`` samples,
-    or than the model needs (two with BatchNorm), is left out (:func:`plfl.batches.epoch_size`).
+    in their order, cut into the same batches every epoch; with ``data``, of those samples instead. A last batch
+    shorter than ``min_last_batch`` samples, or than the model needs (two with BatchNorm), is left out
+    (:func:`plfl.batches.epoch_size`).
 
     Raises:
         ValueError: not exactly one of ``epochs`` and ``steps``, one below 1, ``ordered_samples`` with
@@ -160,6 +163,9 @@ class StepTask:
     shared: Params = field(default_factory=dict)
     ordered_samples: Optional[torch.Tensor] = None  # (m,) int64 indices into the training split, batched in order
     min_last_batch: int = 1  # e.g. a step that splits its batch into parts needs a sample in each
+    # The samples by value, x (n, ...) and y (n,) int64, in place of the client's training split (e.g. a
+    # FeatureTask's features); the batches and ordered_samples index into them.
+    data: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
     def __post_init__(self) -> None:
         _check_length(self, self.epochs, self.steps)
@@ -176,6 +182,20 @@ def shared_identity(task: StepTask) -> tuple:
 
 
 @dataclass(frozen=True, eq=False)
+class FeatureTask:
+    """The outputs of submodule ``module`` ("body": the features the head reads) of the model with ``params`` on
+    client ``client_id``'s training samples ``samples``, without gradients, in the batches of ``batch_size`` that
+    a :class:`StepTask` with these ordered samples runs on, in training mode like a step's network (BatchNorm
+    normalises each batch by its own statistics); a last batch too short for the model is left out likewise."""
+
+    client_id: int
+    params: Params  # state_dict names → tensors; those of ``module`` are used
+    samples: torch.Tensor  # (m,) int64 indices into the client's training split, in the order to batch them
+    batch_size: int
+    module: str = "body"
+
+
+@dataclass(frozen=True, eq=False)
 class EvalTask:
     """Evaluation of ``params`` on client ``client_id``'s test split (None: on all clients' test splits
     together, the global model's test set), or with ``samples`` on those samples of its training split
@@ -186,7 +206,7 @@ class EvalTask:
     samples: Optional[torch.Tensor] = None  # (m,) int64 indices into the client's training split
 
 
-Task = Union[TrainTask, StepTask, EvalTask]
+Task = Union[TrainTask, StepTask, FeatureTask, EvalTask]
 
 
 @dataclass
@@ -210,6 +230,15 @@ class StepResult:
     loss: float
     samples_seen: int
     epoch_losses: list[float]
+
+
+@dataclass
+class FeatureResult:
+    """A :class:`FeatureTask`'s outputs x (m', ...) and the samples' labels y (m',) int64, CPU tensors, in the
+    samples' order: m' = m unless a last batch was left out. ``StepTask(data=(x, y))`` steps on them."""
+
+    x: torch.Tensor
+    y: torch.Tensor
 
 
 @dataclass

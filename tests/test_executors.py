@@ -6,6 +6,7 @@ import copy
 import csv
 import math
 import warnings
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -25,7 +26,18 @@ from plfl.methods.ala import ALAConfig, local_aggregation
 from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig
 from plfl.models import build_model
 from plfl.sections import FederationConfig, TrainerConfig
-from plfl.tasks import ClientFailure, EvalTask, ProximalTerm, StepTask, TrainResult, TrainTask
+from plfl.tasks import (
+    ClientFailure,
+    EvalTask,
+    FeatureTask,
+    ProximalTerm,
+    Step,
+    StepOutput,
+    StepTask,
+    TrainResult,
+    TrainTask,
+    sample_count,
+)
 
 from conftest import every_method, make_context, matrix_config, run_results, sequential
 
@@ -42,12 +54,16 @@ def vectorized(context, cohort_size=None, augment=False) -> VectorizedExecutor:
 def ala_tasks(context, config, messages, locals_, weights=None) -> list[StepTask]:
     """The first ALA step task of each client i (``messages[i]`` received, ``locals_[i]`` its old model,
     ``weights[i]`` its W_i or None for the initial stage), as plfl.methods.ala.local_aggregation yields it in
-    round 1."""
+    round 1 (after its feature task, run on the sequential executor, when ALA learns head tensors only)."""
     tasks = []
     for i, (message, local) in enumerate(zip(messages, locals_)):
         if weights is not None and weights[i] is not None:
             context.store.set(i, "ala_weights", weights[i])
-        tasks.append(next(local_aggregation(config, context, i, message, local, round_=1)))
+        hook = local_aggregation(config, context, i, message, local, round_=1)
+        task = next(hook)
+        if isinstance(task, FeatureTask):
+            task = hook.send(sequential(context).features([task])[0])
+        tasks.append(task)
     return tasks
 
 
@@ -200,6 +216,52 @@ def test_a_graph_that_replays_wrongly_is_dropped_before_it_trains_anyone(monkeyp
         steps("add", lambda: counter.add_(1.0), lambda: [counter])
     steps("add", lambda: counter.add_(1.0), lambda: [counter])
     assert counter.item() == 2.0 and not steps.capture
+
+
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_features_are_the_body_outputs_on_a_step_tasks_batches(tiny_federation, batch_norm):
+    """body(x) of the samples in their order, in training mode: with BatchNorm each batch of ``batch_size``
+    normalised by its own statistics, and a last batch of one sample left out as a step task leaves it out."""
+    model = build_model("mlp", tiny_federation.input_shape, 3, hidden_sizes=[16], batch_norm=batch_norm)
+    context, _ = make_context(tiny_federation, model=model)
+    params = {k: v.clone() for k, v in model.state_dict().items()}
+    samples = torch.tensor([7, 2, 9, 0, 4, 1])  # of client 0's 10: batches [7, 2, 9, 0, 4] and [1]
+    task = FeatureTask(0, params, samples, batch_size=5)
+    client = tiny_federation.clients[0]
+    kept = samples[:5] if batch_norm else samples
+    with torch.no_grad():
+        expected = model.train().body(client.x_train[kept])
+    for executor in (sequential(context), vectorized(context)):
+        (result,) = executor.features([task])
+        assert torch.allclose(result.x, expected, atol=1e-5) and result.x.shape == (len(kept), 16)
+        assert torch.equal(result.y, client.y_train[kept])
+
+
+@dataclass(frozen=True)
+class BatchMeans(Step):
+    """Adds each batch's mean sample to the state ``total``."""
+
+    def __call__(self, network, state, inputs, shared, batch):
+        mean = batch.x.mean(0) if batch.mask is None else (batch.x * batch.mask[:, None]).sum(0) / batch.mask.sum()
+        return StepOutput({"total": state["total"] + mean}, mean.sum(), sample_count(batch))
+
+
+def test_a_step_task_on_given_samples_steps_on_them_in_order(tiny_federation):
+    """``data`` in place of the training split: the batches index the given samples, on every executor."""
+    context, _ = make_context(tiny_federation)
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)) for n in (7, 3)]
+    tasks = [
+        StepTask(i, BatchMeans(), {"total": torch.zeros(8)}, 0, 5, epochs=2, data=d, ordered_samples=torch.arange(n))
+        for i, (d, n) in enumerate(zip(data, (7, 3)))
+    ]
+    first, second = data[0][0], data[1][0]
+    expected = [2 * (first[:5].mean(0) + first[5:].mean(0)), 2 * second.mean(0)]
+    for executor in (sequential(context), vectorized(context)):
+        results = executor.step(tasks)
+        for result, total in zip(results, expected):
+            assert torch.allclose(result.state["total"], total, atol=1e-6)
+        assert [r.samples_seen for r in results] == [14, 6]
 
 
 def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):

@@ -17,6 +17,8 @@ from plfl.tasks import (
     ClientFailure,
     EvalResult,
     EvalTask,
+    FeatureResult,
+    FeatureTask,
     StepResult,
     StepTask,
     Task,
@@ -39,6 +41,9 @@ class Executor(Protocol):
     def step(self, tasks: list[StepTask]) -> list[StepResult | ClientFailure]:
         """One outcome per task, in order, failures as in :meth:`train`."""
 
+    def features(self, tasks: list[FeatureTask]) -> list[FeatureResult | ClientFailure]:
+        """One outcome per task, in order, failures as in :meth:`train`."""
+
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         """One result per task, in order."""
 
@@ -49,7 +54,12 @@ class Executor(Protocol):
 
 def runners(executor: Executor) -> dict[type, Callable[[list], list]]:
     """The executor's call for each kind of task."""
-    return {TrainTask: executor.train, StepTask: executor.step, EvalTask: executor.evaluate}
+    return {
+        TrainTask: executor.train,
+        StepTask: executor.step,
+        FeatureTask: executor.features,
+        EvalTask: executor.evaluate,
+    }
 
 
 def drive(hooks: list[Work[T]], executor: Executor) -> list[T | ClientFailure]:

@@ -28,6 +28,8 @@ from plfl.tasks import (
     ClientFailure,
     EvalResult,
     EvalTask,
+    FeatureResult,
+    FeatureTask,
     StepResult,
     StepTask,
     TrainResult,
@@ -55,6 +57,9 @@ class ClientWorker:
 
     def step(self, task: StepTask, shared: Params) -> StepResult | ClientFailure:
         return self.executor.step([dataclasses.replace(task, shared=shared)])[0]
+
+    def features(self, task: FeatureTask) -> FeatureResult | ClientFailure:
+        return self.executor.features([task])[0]
 
     def evaluate(self, task: EvalTask) -> EvalResult:
         return self.executor.evaluate([task])[0]
@@ -113,6 +118,9 @@ class RayExecutor:
         calls = [(dataclasses.replace(t, shared={}), refs[shared_identity(t)]) for t in tasks]
         return self._run("step", calls, lambda call, reason: ClientFailure(reason))
 
+    def features(self, tasks: list[FeatureTask]) -> list[FeatureResult | ClientFailure]:
+        return self._run("features", tasks, lambda task, reason: ClientFailure(reason))
+
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         def fail(task: EvalTask, reason: str) -> EvalResult:
             client = "the global model" if task.client_id is None else f"client {task.client_id}"
@@ -137,7 +145,9 @@ class RayExecutor:
         """Each task (or tuple of arguments) on the next idle actor; results in task order. A task whose actor
         dies is retried once on a fresh actor, then gets ``fail(task, reason)``."""
         results: list[Any] = [None] * len(tasks)
-        work = {"train": "training", "evaluate": "evaluation"}.get(method) or (tasks[0][0].step.work if tasks else "")
+        work = {"train": "training", "features": "features", "evaluate": "evaluation"}.get(method) or (
+            tasks[0][0].step.work if tasks else ""
+        )
         activity.start_work(work, len(tasks))
         queue, idle = deque(range(len(tasks))), deque(range(len(self.actors)))
         running: dict[Any, tuple[int, int]] = {}  # ObjectRef → (actor slot, task index)

@@ -1,5 +1,5 @@
 """The sequential executor: one client after another, local training on one :class:`~plfl.client.LocalTrainer`
-(one ClientModule on one reused Lightning Trainer), a method's own steps in a plain loop."""
+(one ClientModule on one reused Lightning Trainer), a method's own steps and features in a plain loop."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.data.augment import augmentation
 from plfl.data.federated import FederatedData
 from plfl.errors import PlflError
-from plfl.executors.steps import FunctionalNetwork, run_step_task
+from plfl.executors.steps import FunctionalNetwork, run_feature_task, run_step_task
 from plfl.models import channels_last
 from plfl.tasks import (
     ClientFailure,
     EvalResult,
     EvalTask,
+    FeatureResult,
+    FeatureTask,
     StepResult,
     StepTask,
     TrainResult,
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from plfl.executors.options import ClientWorkOptions
 
 R = TypeVar("R")
+Outcome = TypeVar("Outcome")
 
 
 class SequentialExecutor:
@@ -92,9 +95,19 @@ class SequentialExecutor:
 
     def _step(self, task: StepTask) -> StepResult | ClientFailure:
         client = self.data.clients[task.client_id]
-        x, y = (t.to(self.device) for t in (client.x_train, client.y_train))
+        data = (client.x_train, client.y_train) if task.data is None else task.data
+        x, y = (t.to(self.device) for t in data)
         result = run_step_task(task, self.network, x, y, self.batch_norm)
         return finite_or_failure(result, result.state)
+
+    def features(self, tasks: list[FeatureTask]) -> list[FeatureResult | ClientFailure]:
+        activity.start_work("features", len(tasks))
+        return [self._guarded(self._features, task, "feature extraction") for task in tasks]
+
+    def _features(self, task: FeatureTask) -> FeatureResult:
+        client = self.data.clients[task.client_id]
+        x, y = (t.to(self.device) for t in (client.x_train, client.y_train))
+        return run_feature_task(task, self.network, x, y, self.batch_norm)
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         activity.start_work("evaluation", len(tasks))
@@ -108,9 +121,7 @@ class SequentialExecutor:
         """Nothing to release: everything runs in this process."""
 
     @staticmethod
-    def _guarded(
-        run: Callable[[R], TrainResult | StepResult | ClientFailure], task: R, work: str
-    ) -> TrainResult | StepResult | ClientFailure:
+    def _guarded(run: Callable[[R], Outcome], task: R, work: str) -> Outcome | ClientFailure:
         try:
             return run(task)
         except PlflError:

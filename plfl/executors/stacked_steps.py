@@ -94,9 +94,11 @@ class StackedSteps:
         self.network, self.graphs = network, graphs
         self.state: Optional[StepState] = None
 
-    def __call__(self, split: Split, tasks: list[StepTask], rows: list[list[torch.Tensor]]) -> list[StepResult]:
+    def __call__(
+        self, split: Split, offsets: list[int], tasks: list[StepTask], rows: list[list[torch.Tensor]]
+    ) -> list[StepResult]:
         """The tasks of one cohort (equal steps and options), ``rows[c]`` each epoch's batches of ``tasks[c]``
-        (:func:`~plfl.executors.steps.epoch_rows`), data in ``split`` on the device."""
+        (:func:`~plfl.executors.steps.epoch_rows`), its data in ``split`` on the device from row ``offsets[c]``."""
         first, device = tasks[0], self.network.device
         common = all(shared_identity(t) == shared_identity(first) for t in tasks)
         cohort = {
@@ -108,7 +110,6 @@ class StackedSteps:
                 "weight": torch.zeros(len(tasks), device=device),
             },
         }
-        offsets = [split.offsets[t.client_id] for t in tasks]
         state = self._state(first, common, split.x[0], len(tasks), first.batch_size)
         if common:
             state.share(first.shared)

@@ -1,6 +1,6 @@
 """A :class:`~plfl.tasks.StepTask`'s batches, the clients' architecture as a function of their states (every
-executor's :class:`~plfl.tasks.Network`), and the plain loop that runs a step task for one client (the sequential
-executor's, and so the Ray actors')."""
+executor's :class:`~plfl.tasks.Network`), the plain loop that runs a step task for one client (the sequential
+executor's, and so the Ray actors'), and a :class:`~plfl.tasks.FeatureTask` for one client (every executor's)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,14 @@ from plfl.activity import current as activity
 from plfl.batches import epoch_size, sample_rows, smallest_batch, training_rows
 from plfl.executors.lockstep import masked, masked_batch_norms
 from plfl.state import Params
-from plfl.tasks import Batch, StepResult, StepTask
+from plfl.tasks import Batch, FeatureResult, FeatureTask, StepResult, StepTask
 
 
 def epoch_rows(task: StepTask, n: int, batch_norm: bool) -> list[torch.Tensor]:
     """Each epoch's (S, batch_size) int64 sample indices (padded with -1) that ``task`` runs on a client with n
-    training samples, in order. ``batch_norm``: the model has BatchNorm layers (a last batch must hold two
-    samples, :func:`plfl.batches.smallest_batch`, and at least ``task.min_last_batch``)."""
+    training samples (``task.data``'s, if given), in order. ``batch_norm``: the model has BatchNorm layers (a
+    last batch must hold two samples, :func:`plfl.batches.smallest_batch`, and at least ``task.min_last_batch``)."""
+    n = n if task.data is None else len(task.data[1])
     minimum = max(task.min_last_batch, smallest_batch(batch_norm))
     if task.ordered_samples is not None:
         return [sample_rows(task.ordered_samples, task.batch_size, minimum)] * task.epochs
@@ -78,3 +79,16 @@ def run_step_task(
         epoch_losses.append(last)
     cpu = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
     return StepResult(cpu, loss_sum / weight if weight else math.nan, seen, epoch_losses)
+
+
+def run_feature_task(
+    task: FeatureTask, network: FunctionalNetwork, x: torch.Tensor, y: torch.Tensor, batch_norm: bool
+) -> FeatureResult:
+    """``task`` on the client's training split x ``(n, *input_shape)``, y (n,), on their device: ``task.module``
+    on each batch of its samples in turn."""
+    rows = sample_rows(task.samples, task.batch_size, smallest_batch(batch_norm))
+    params = {k: v.to(x.device) for k, v in task.params.items()}
+    with torch.no_grad():
+        outputs = [network(params, x[row[row >= 0].to(x.device)], None, task.module)[0].cpu() for row in rows]
+    kept = rows[rows >= 0]
+    return FeatureResult(torch.cat(outputs) if outputs else x[:0].cpu(), y[kept.to(y.device)].cpu())

@@ -22,6 +22,7 @@ one-time ``PlflWarning``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import warnings
 from collections import defaultdict
@@ -51,12 +52,14 @@ from plfl.executors.lockstep import (
 )
 from plfl.executors.stacked_steps import StackedSteps
 from plfl.executors.step_graphs import StepGraphs
-from plfl.executors.steps import FunctionalNetwork, epoch_rows
+from plfl.executors.steps import FunctionalNetwork, epoch_rows, run_feature_task
 from plfl.state import Params
 from plfl.tasks import (
     ClientFailure,
     EvalResult,
     EvalTask,
+    FeatureResult,
+    FeatureTask,
     StepResult,
     StepTask,
     TrainResult,
@@ -224,13 +227,50 @@ class VectorizedExecutor:
         self.model.train()
         return self._in_cohorts(
             tasks,
-            lambda t: (t.step, t.batch_size, t.epochs, t.steps, t.ordered_samples is None, t.min_last_batch),
+            lambda t: (
+                t.step,
+                t.batch_size,
+                t.epochs,
+                t.steps,
+                t.ordered_samples is None,
+                t.min_last_batch,
+                t.data is None,
+            ),
             lambda t: epoch_rows(t, self.data.clients[t.client_id].num_train, self.batch_norm),
             lambda cohort, rows: [
-                finite_or_failure(r, r.state) for r in self.stacked_steps(self.train_split, cohort, rows)
+                finite_or_failure(r, r.state) for r in self.stacked_steps(*self._step_data(cohort), cohort, rows)
             ],
             tasks[0].step.work if tasks else "",
         )
+
+    def _step_data(self, tasks: list[StepTask]) -> tuple[Split, list[int]]:
+        """The split that the tasks' batches index, and where each task's samples start in it: the clients'
+        training split, or the samples that the tasks carry (``StepTask.data``, all of them or none)."""
+        if tasks[0].data is None:
+            return self.train_split, [self.train_split.offsets[t.client_id] for t in tasks]
+        split = Split.of([t.data for t in tasks], self.device)
+        return split, split.offsets
+
+    def features(self, tasks: list[FeatureTask]) -> list[FeatureResult | ClientFailure]:
+        """Each task on the device in turn, in batches of ``EVAL_BATCH_SIZE`` samples when the model has no
+        BatchNorm layers (a sample's features do not depend on its batch then)."""
+        if self.eval_reason:
+            return self._fall_back(self.eval_reason, self.fallback.features, tasks)
+        self.model.train()
+        activity.start_work("features", len(tasks))
+        split, results = self.train_split, []
+        for task in tasks:
+            start, size = split.offsets[task.client_id], split.sizes[task.client_id]
+            x, y = split.x[start : start + size], split.y[start : start + size]
+            batched = task if self.batch_norm else dataclasses.replace(task, batch_size=EVAL_BATCH_SIZE)
+            try:
+                results.append(run_feature_task(batched, self.stacked_steps.network, x, y, self.batch_norm))
+            except PlflError:
+                raise
+            except Exception as error:  # noqa: BLE001  one client's failure must not end the federation
+                results.append(raised(error, "feature extraction"))
+            activity.finish_clients()
+        return results
 
     def _in_cohorts(self, tasks: list, key: Callable, rows_of: Callable, run: Callable, work: str) -> list:
         """Each task's outcome: tasks grouped by ``key(task)`` (what a cohort must share), each group cut into

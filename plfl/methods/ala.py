@@ -17,7 +17,8 @@ until more than ``num_pre_loss`` epoch losses are recorded and the std of the la
 ``threshold`` (the recorded loss is each epoch's last batch loss, :func:`settled`), at most
 ``max_init_epochs`` (a cap the reference code lacks: it can loop forever); afterwards exactly one epoch. Each
 epoch is one step task (:mod:`plfl.tasks`), so every executor runs it and the clients' initial stages go on in
-lock-step, each until its own losses settle.
+lock-step, each until its own losses settle. When every top tensor is in the head, the global body's features of
+the sample are computed once (a feature task) and every epoch steps on them.
 
 :class:`AdaptiveLocalAggregation` puts ALA after a method's own ``pre_local_init``: FedALA is FedAvg with it,
 and ``method.ala: {...}`` composes it with any method whose client starts from a received model (FedALA
@@ -45,6 +46,8 @@ from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore, Params
 from plfl.tasks import (
     Batch,
+    FeatureResult,
+    FeatureTask,
     Network,
     Step,
     StepOutput,
@@ -95,8 +98,8 @@ class ALAConfig:
 @dataclass(frozen=True)
 class ALAStep(Step):
     """Eq. 5 on one batch: the state is W_i (the top tensors' names), the inputs ``local/<name>`` (Θ_i) and
-    ``gap/<name>`` (Θ − Θ_i), shared the received Θ. With ``head_only`` (every top tensor in the head) the loss
-    is the head's on the fixed global body's features, which need no gradient: the same numbers for less work."""
+    ``gap/<name>`` (Θ − Θ_i), shared the received Θ. With ``head_only`` (every top tensor in the head) the
+    batches hold the fixed global body's features and the loss is the head's: the same numbers for less work."""
 
     work = "ALA"
     eta: float
@@ -104,10 +107,8 @@ class ALAStep(Step):
     head_only: bool
 
     def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
-        x, part = (network(shared, batch.x, batch.mask, "body")[0], "head") if self.head_only else (batch.x, "")
-
         def loss(theta: Params) -> torch.Tensor:
-            logits, _ = network({**shared, **theta}, x, batch.mask, part)
+            logits, _ = network({**shared, **theta}, batch.x, batch.mask, "head" if self.head_only else "")
             return masked_cross_entropy(logits, batch.y, batch.mask)
 
         theta = {k: inputs[f"local/{k}"] + inputs[f"gap/{k}"] * state[k] for k in self.top}
@@ -133,21 +134,26 @@ def local_aggregation(
     Warns:
         PlflWarning: the initial stage hit ``max_init_epochs`` before the losses settled.
     """
-    store, architecture = context.store, context.architecture
+    store, architecture, batch_size = context.store, context.architecture, context.federation.batch_size
     top = top_names(architecture, config.p)
     weights = store.get(client_id, "ala_weights")
     seed = derive_seed(context.federation.seed, round_, client_id, "ala_subset")
     sample = sample_index(context.data.clients[client_id].num_train, config.s, torch.Generator().manual_seed(seed))
+    data = None
+    if head_only(architecture, top):  # the body's features of the sample, once for every epoch
+        features: FeatureResult = yield FeatureTask(client_id, message, sample, batch_size)
+        data, sample = (features.x, features.y), torch.arange(len(features.y))
     task = StepTask(
         client_id,
-        ALAStep(config.eta, tuple(top), head_only(architecture, top)),
+        ALAStep(config.eta, tuple(top), data is not None),
         weights or {k: torch.ones_like(message[k]) for k in top},
         seed,
-        context.federation.batch_size,
+        batch_size,
         epochs=1,
         inputs={**{f"local/{k}": local[k] for k in top}, **{f"gap/{k}": message[k] - local[k] for k in top}},
         shared=message,
         ordered_samples=sample,
+        data=data,
     )
     result: StepResult = yield task
     losses = list(result.epoch_losses)
