@@ -5,6 +5,7 @@ import contextlib
 import copy
 import csv
 import math
+import pickle
 import warnings
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from plfl import experiment
 from plfl.batches import training_rows
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.client import ClientModule
@@ -94,6 +96,35 @@ def test_vectorized_runs_every_method_as_sequential(tmp_path, sequential_results
         assert one.keys() == other.keys()
         for key in one:
             torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+
+
+class Shipped:
+    """``executor`` behind a pickle round trip of every call's tasks and results, as the Ray executor sends tasks
+    to its actors and gets their results back (classes by reference: a method's steps must be importable)."""
+
+    def __init__(self, executor):
+        self.executor = executor
+
+    def __getattr__(self, name):
+        run = getattr(self.executor, name)
+        if name not in ("train", "step", "features", "evaluate"):
+            return run
+        return lambda tasks: pickle.loads(pickle.dumps(run(pickle.loads(pickle.dumps(tasks)))))
+
+
+@pytest.mark.parametrize("method", every_method())
+def test_every_methods_tasks_and_results_travel_to_a_ray_actor_unchanged(
+    tmp_path, sequential_results, monkeypatch, method
+):
+    """Every method with its tasks and results pickled on the way to and from the executor: the same metrics
+    and final models, bit for bit (tests/test_ray.py runs each kind of client work on real Ray actors)."""
+    monkeypatch.setattr(experiment, "build_executor", lambda *args: Shipped(build_executor(*args)))
+    run_dir, _ = run_experiment(matrix_config(tmp_path, method, "sequential"))
+    metrics, clients, models = run_results(run_dir)
+    expected_metrics, expected_clients, expected_models = sequential_results(method)
+    assert (metrics, clients) == (expected_metrics, expected_clients)
+    for one, other in zip(models, expected_models, strict=True):
+        assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
 
 
 def test_batch_order_is_local_trainers_across_fits_and_epochs(tiny_federation, monkeypatch):

@@ -1,7 +1,7 @@
 """Executors: where and how the clients' work runs (``federation.executor``).
 
-Every executor runs the three kinds of task of :mod:`plfl.tasks` (local training, a method's own steps,
-evaluation) with the same results for the same seeds: ``sequential`` one client after another, ``vectorized``
+Every executor runs the four kinds of task of :mod:`plfl.tasks` (local training, a method's own steps,
+features, evaluation) with the same results for the same seeds: ``sequential`` one client after another, ``vectorized``
 a round's clients stacked on one device, ``ray`` on a pool of Ray actors. Their names and keys are declared in
 :mod:`plfl.executors.options`; an executor's module (torch, Lightning, Ray) is imported when it is built.
 """
