@@ -235,7 +235,8 @@ class StepResult:
 @dataclass
 class FeatureResult:
     """A :class:`FeatureTask`'s outputs x (m', ...) and the samples' labels y (m',) int64, CPU tensors, in the
-    samples' order: m' = m unless a last batch was left out. ``StepTask(data=(x, y))`` steps on them."""
+    samples' order: m' = m unless a last batch was left out (x is empty when none is left).
+    ``StepTask(data=(x, y))`` steps on them."""
 
     x: torch.Tensor
     y: torch.Tensor

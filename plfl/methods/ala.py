@@ -142,7 +142,8 @@ def local_aggregation(
     data = None
     if head_only(architecture, top):  # the body's features of the sample, once for every epoch
         features: FeatureResult = yield FeatureTask(client_id, message, sample, batch_size)
-        data, sample = (features.x, features.y), torch.arange(len(features.y))
+        if len(features.y):  # none when BatchNorm leaves a sample of one out: then no epoch has a batch anyway
+            data, sample = (features.x, features.y), torch.arange(len(features.y))
     task = StepTask(
         client_id,
         ALAStep(config.eta, tuple(top), data is not None),
