@@ -1,7 +1,9 @@
 """Stopping a run with SIGINT (Ctrl+C) or SIGTERM, sent for real to a ``plfl`` process in the middle of a local
-epoch: it stops within seconds with its message, status and exit code, keeps its finished rounds, and
-``--resume`` then gives the metrics of an uninterrupted run. Also on the Ray executor and inside ``plfl sweep``."""
+epoch: it stops mid-epoch, in well under the epoch's time, with its message, status and exit code, keeps its
+finished rounds, and ``--resume`` then gives the metrics of an uninterrupted run. Also on the Ray executor and
+inside ``plfl sweep``."""
 
+import csv
 import json
 import os
 import signal
@@ -30,7 +32,6 @@ federation: {{rounds: 1, join_ratio: 0.5, lr: 0.01, batch_size: 5, executor: {ex
 """
 # PYTHONPATH: the plfl of this tree whatever the working directory (a sweep runs from its own).
 ENV = {"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-STOP_WITHIN_S = 5  # what "stops within a few seconds" promises; a local epoch here takes longer
 
 
 def config(tmp_path: Path, executor: str = "sequential") -> Path:
@@ -71,14 +72,27 @@ def stop_mid_epoch(process: subprocess.Popen, run_parent: Path, signum: int) -> 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> tuple:
-    """The results of the slow run, not interrupted (sequential; Ray gives the same numbers)."""
+    """The results of the slow run, not interrupted (sequential; Ray gives the same numbers), and the seconds of
+    its round 1 (one client's local epoch, then evaluation)."""
     tmp_path = tmp_path_factory.mktemp("uninterrupted")
     done = subprocess.run(
         [sys.executable, "-m", "plfl.cli", "fit", "--config", str(config(tmp_path))],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return results(Path(done.stdout.strip().splitlines()[-1].removeprefix("Run directory: ")))
+    run_dir = Path(done.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))
+    return results(run_dir), round_seconds(run_dir)
+
+
+def round_seconds(run_dir: Path) -> float:
+    with open(run_dir / "metrics.csv") as f:
+        return float(list(csv.DictReader(f))[-1]["seconds"])
+
+
+def mid_epoch(seconds: float, epoch_seconds: float) -> bool:
+    """Whether a run that got its signal a second into a local epoch of ``epoch_seconds`` stopped mid-epoch: in
+    less than half of what finishing the epoch would take (relative, so that a loaded machine does not matter)."""
+    return seconds < (epoch_seconds - 1.0) / 2
 
 
 @pytest.mark.parametrize(
@@ -88,6 +102,7 @@ def uninterrupted(tmp_path_factory) -> tuple:
 def test_a_signal_mid_epoch_stops_the_run_within_seconds_and_resume_finishes_it(
     tmp_path, uninterrupted, signum, executor
 ):
+    expected, epoch_seconds = uninterrupted
     if executor == "ray":
         pytest.importorskip("ray")
     process = plfl("fit", "--config", str(config(tmp_path, executor)))
@@ -98,7 +113,7 @@ def test_a_signal_mid_epoch_stops_the_run_within_seconds_and_resume_finishes_it(
     assert (
         err.strip().splitlines()[-1] == f"Stopped by {name} after round 0; continue with: plfl fit --resume {run_dir}"
     )
-    assert seconds < STOP_WITHIN_S, f"stopped after {seconds:.1f} s"
+    assert mid_epoch(seconds, epoch_seconds), f"stopped after {seconds:.1f} s of a {epoch_seconds:.1f} s round"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert (summary["status"], summary["signal"], summary["rounds"]) == ("interrupted", name, 0)
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["round-00000.pt"]
@@ -108,10 +123,10 @@ def test_a_signal_mid_epoch_stops_the_run_within_seconds_and_resume_finishes_it(
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
-    assert results(run_dir) == uninterrupted
+    assert results(run_dir) == expected
 
 
-def test_a_sweep_stops_on_a_signal_and_its_next_invocation_continues_the_trial(tmp_path):
+def test_a_sweep_stops_on_a_signal_and_its_next_invocation_continues_the_trial(tmp_path, uninterrupted):
     (tmp_path / "configs").mkdir()
     config(tmp_path).rename(tmp_path / "configs" / "slow.yaml")
     (tmp_path / "sweep.yaml").write_text(
@@ -125,7 +140,7 @@ def test_a_sweep_stops_on_a_signal_and_its_next_invocation_continues_the_trial(t
     )
     process = plfl("sweep", "sweep.yaml", cwd=tmp_path)
     seconds, out, err = stop_mid_epoch(process, tmp_path / "sequential" / "slow", signal.SIGINT)
-    assert process.returncode == 130 and seconds < STOP_WITHIN_S, err
+    assert process.returncode == 130 and mid_epoch(seconds, uninterrupted[1]), err
     (run_dir,) = (tmp_path / "sequential" / "slow").iterdir()
     assert err.strip().splitlines()[-1] == (
         "Stopped by SIGINT; finished trials are saved; run the same command again to continue, "
