@@ -91,6 +91,33 @@ def test_weights_stay_in_unit_interval_and_lower_tensors_equal_global():
     assert not torch.equal(params["head.weight"], global_params["head.weight"])
 
 
+@pytest.mark.parametrize("batch_norm", [False, True])
+def test_head_only_weights_learned_on_the_body_features_equal_those_of_the_whole_model(batch_norm):
+    """With every top tensor in the head, ALA steps on the global body's features computed once; the same network
+    as a plain Sequential (no body/head split) runs the whole model every batch: the same W_i and θ̂."""
+    torch.manual_seed(0)
+    norm = [nn.BatchNorm1d(8)] if batch_norm else []
+    body, head = nn.Sequential(nn.Linear(4, 8), *norm, nn.ReLU()), nn.Linear(8, 3)
+    split, whole = BodyHeadModel(body, head), nn.Sequential(body, head)
+    global_params, local_params = params_of(split), {k: v + 0.3 for k, v in params_of(split).items()}
+    x, y = torch.randn(23, 4), torch.randint(0, 3, (23,))  # batches of 5: a last one of 3
+
+    def renamed(params):  # BodyHeadModel's names → the Sequential's ("body.0.weight" → "0.0.weight", ...)
+        return {k.replace("body.", "0.", 1).replace("head.", "1.", 1): v for k, v in params.items()}
+
+    config = ALAConfig(s=100, p=2, eta=5.0, num_pre_loss=2, max_init_epochs=6)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="ALA's initial stage")
+        params, weights, epochs = ala(config, split, global_params, local_params, None, x, y, 5)
+        expected = ala(config, whole, renamed(global_params), renamed(local_params), None, x, y, 5)
+    assert epochs == expected[2]
+    assert all(((w > 0) & (w < 1)).any() for w in weights.values())  # learned, not just clamped
+    for got, want in ((params, expected[0]), (weights, expected[1])):
+        assert renamed(got).keys() == want.keys()
+        for name, value in renamed(got).items():
+            torch.testing.assert_close(value, want[name], atol=1e-6, rtol=0)
+
+
 def test_initial_stage_cap_stops_a_non_converging_case_with_a_warning():
     # More losses are needed (num_pre_loss + 1) than the cap allows: it can never settle.
     config = ALAConfig(s=100, p=2, num_pre_loss=10, max_init_epochs=4)
