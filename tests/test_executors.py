@@ -24,6 +24,7 @@ from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms
 from plfl.executors.options import ClientWorkOptions, Vectorized
 from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
+from plfl.methods import methods
 from plfl.methods.ala import ALAConfig, local_aggregation
 from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig
 from plfl.models import build_model
@@ -112,7 +113,8 @@ class Shipped:
         return lambda tasks: pickle.loads(pickle.dumps(run(pickle.loads(pickle.dumps(tasks)))))
 
 
-@pytest.mark.parametrize("method", every_method())
+@pytest.mark.slow  # with the Ray executor's runs, in the slow tier
+@pytest.mark.parametrize("method", sorted(methods()))
 def test_every_methods_tasks_and_results_travel_to_a_ray_actor_unchanged(
     tmp_path, sequential_results, monkeypatch, method
 ):
