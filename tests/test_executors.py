@@ -290,8 +290,8 @@ def test_a_step_task_on_given_samples_steps_on_them_in_order(tiny_federation):
     ]
     first, second = data[0][0], data[1][0]
     expected = [2 * (first[:5].mean(0) + first[5:].mean(0)), 2 * second.mean(0)]
-    for executor in (sequential(context), vectorized(context)):
-        results = executor.step(tasks)
+    stacked = vectorized(context)
+    for results in (sequential(context).step(tasks), stacked.step(tasks), stacked.step(tasks)):  # kept on device
         for result, total in zip(results, expected):
             assert torch.allclose(result.state["total"], total, atol=1e-6)
         assert [r.samples_seen for r in results] == [14, 6]

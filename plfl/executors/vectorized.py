@@ -103,6 +103,8 @@ class VectorizedExecutor:
         augmented = "data.augment draws random crops and flips" if augment else None
         self.train_reason = self.eval_reason or augmented
         self.noticed: set[str] = set()
+        # The samples of the last step call that carried its own (StepTask.data), and their split on the device.
+        self.given: Optional[tuple[list, Split]] = None
 
     def train(self, tasks: list[TrainTask]) -> list[TrainResult | ClientFailure]:
         if self.train_reason:
@@ -248,8 +250,10 @@ class VectorizedExecutor:
         training split, or the samples that the tasks carry (``StepTask.data``, all of them or none)."""
         if tasks[0].data is None:
             return self.train_split, [self.train_split.offsets[t.client_id] for t in tasks]
-        split = Split.of([t.data for t in tasks], self.device)
-        return split, split.offsets
+        data = [t.data for t in tasks]
+        if self.given is None or not _same_tensors(self.given[0], data):  # ALA's epochs send the same ones again
+            self.given = data, Split.of(data, self.device)
+        return self.given[1], self.given[1].offsets
 
     def features(self, tasks: list[FeatureTask]) -> list[FeatureResult | ClientFailure]:
         """Each task on the device in turn, in batches of ``EVAL_BATCH_SIZE`` samples when the model has no
@@ -405,6 +409,11 @@ class VectorizedExecutor:
                 stacklevel=3,
             )
         return run(tasks)
+
+
+def _same_tensors(kept: list[tuple[torch.Tensor, ...]], data: list[tuple[torch.Tensor, ...]]) -> bool:
+    """Whether ``data`` holds the very tensor objects of ``kept``, in order."""
+    return len(kept) == len(data) and all(a is b for old, new in zip(kept, data) for a, b in zip(old, new))
 
 
 def _length(rows: torch.Tensor | list[torch.Tensor]) -> int:
