@@ -19,8 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = "import torch, lightning"
-# A config error of each kind: (what, override). The method's own keys are checked last, against the method's
-# module, which imports torch.
+# A config error of each kind: (what, override). A method's key names are read from its module's source; the
+# values of its keys are checked last, against the module, which imports torch.
 CASES = [
     ("unknown key", "federation.roundz=3"),
     ("value out of range", "federation.lr=-1"),
@@ -29,6 +29,7 @@ CASES = [
     ("unknown method", "method.name=fedrox"),
     ("unknown executor", "federation.executor=spark"),
     ("a method key the method does not have", "method.sx=40"),
+    ("a method value out of range", "method.s=0"),
 ]
 RUN = (
     "import sys; from plfl.cli import main; status = main(['fit', '--config', 'configs/quickstart.yaml', {!r}]); "

@@ -6,14 +6,16 @@ the sections that plfl's parts declare beside the code that reads them: ``data.*
 partition's keys, :mod:`plfl.data.sources`), ``model.*`` (every model's, :mod:`plfl.models`), the executors'
 own sections (:mod:`plfl.executors.options`) and ``method.*`` (the named method's config, its module in
 :mod:`plfl.methods`). A key that the chosen source, partition, model or executor does not read is refused unless
-it holds its default, with who reads it. Every check but the method section's runs without importing torch; the
-method section, whose schema is the method's module, is checked last.
+it holds its default, with who reads it. Every check runs without importing torch: the method section's against
+the method's config class rebuilt from its module's source, and only then (for what that class cannot check,
+e.g. a ``__post_init__``) against the module itself, imported last.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -27,7 +29,7 @@ from plfl.data.sources import DataConfig, data_sources
 from plfl.errors import ConfigError, PlflError
 from plfl.executors.options import ClientWorkOptions, ExecutorOptions, Ray, Vectorized, executors
 from plfl.fields import Component, allowed, as_yaml, checked, default_of, documented, key_names, one_of, readers
-from plfl.methods import method_class
+from plfl.methods import method_class, source_config_class
 from plfl.models import ModelConfig, models
 from plfl.sections import FederationConfig, TrainerConfig
 
@@ -143,8 +145,9 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfi
 
 def validate(raw: DictConfig, file_method: Optional[str] = None) -> DictConfig:
     """Merge ``raw`` onto the schema defaults and check every key and value; the method section last (its schema
-    is the method's module, which imports torch). ``file_method``: the method the config file named, for the
-    error when ``method.name`` was set to another one whose keys differ.
+    is the method's module, which imports torch; most of its errors are found before, from the module's
+    source). ``file_method``: the method the config file named, for the error when ``method.name`` was set to
+    another one whose keys differ.
 
     Raises:
         ConfigError: see :func:`load_config`.
@@ -254,28 +257,35 @@ def _method_section(method_raw: DictConfig, file_method: Optional[str]) -> DictC
             after ``method.name`` named another, the message says so and names ``method=NAME``.
     """
     name = str(method_raw.name)
-    schema = OmegaConf.structured(method_class(name).config_class)
-    try:
-        section = _merge(schema, method_raw, prefix="method.")
-    except ConfigError as error:
-        if file_method is None or file_method == name:
-            raise
-        raise ConfigError(
-            f"{error} The config names method.name={name}, but its method section holds the keys of "
-            f"{file_method}: write method={name} instead of method.name={name} to take {name}'s defaults in place "
-            "of that section."
-        ) from None
+
+    def merged(schema: type) -> DictConfig:
+        try:
+            return _merge(OmegaConf.structured(schema), method_raw, prefix="method.")
+        except ConfigError as error:
+            if file_method is None or file_method == name:
+                raise
+            raise ConfigError(
+                f"{error} The config names method.name={name}, but its method section holds the keys of "
+                f"{file_method}: write method={name} instead of method.name={name} to take {name}'s defaults in "
+                "place of that section."
+            ) from None
+
+    rebuilt = source_config_class(name)
+    if rebuilt is not None:  # refuses most errors before the method's module (and torch) is imported
+        _check_ranges(OmegaConf.to_object(merged(rebuilt)), "method")
+    section = merged(method_class(name).config_class)
     _check_ranges(OmegaConf.to_object(section), "method")
     return section
 
 
 def _method_keys(method_raw: DictConfig) -> tuple[str, ...]:
-    """The named method's ``method.*`` keys (its module imported): for a misplaced key's suggestion only."""
+    """The named method's ``method.*`` keys: for a misplaced key's suggestion only."""
+    name = str(method_raw.name)
     try:
-        schema = OmegaConf.structured(method_class(str(method_raw.name)).config_class)
+        schema = source_config_class(name) or method_class(name).config_class
     except ConfigError:
         return ()
-    return _dotted_keys(schema, "method.")
+    return tuple(f"method.{f.name}" for f in dataclasses.fields(schema))
 
 
 def _refuse_moved(raw: DictConfig) -> None:
@@ -363,7 +373,9 @@ def _dotted_keys(values: Any, prefix: str = "") -> tuple[str, ...]:
     return tuple(key for key, _ in dotted_items(values, prefix))
 
 
-def _unknown_key_message(schema: DictConfig, key: str, prefix: str, elsewhere: Callable[[], tuple[str, ...]]) -> str:
+def _unknown_key_message(
+    schema: DictConfig, key: str, prefix: str, elsewhere: Callable[[], tuple[str, ...]] = tuple
+) -> str:
     """The error for an unknown ``key``: close matches in its section, else anywhere in ``schema`` or among the
     keys ``elsewhere()`` gives (a section checked later, e.g. the method's: asked only then)."""
     *parents, leaf = key.split(".")
@@ -393,7 +405,8 @@ def _expected_type(schema: DictConfig, key: str) -> str:
     for part in parents:
         obj = getattr(obj, part, None)
     hints = {f.name: f.type for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else {}
-    return str(hints.get(leaf, "a value of the declared type"))
+    kind = hints.get(leaf, "a value of the declared type")
+    return kind if isinstance(kind, str) else inspect.formatannotation(kind)  # a rebuilt class's types are types
 
 
 def _check_ranges(obj: Any, prefix: str) -> None:

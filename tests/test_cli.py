@@ -154,18 +154,20 @@ def test_methods_lists_every_registered_method_with_keys_and_defaults():
 @pytest.mark.slow
 def test_a_config_error_imports_no_torch_and_a_valid_config_only_its_methods_module():
     # Config errors answer before torch (seconds) is imported: every section but the method's is checked from plain
-    # declarations. --print-config then checks the method section against the method's module (torch), and still
+    # declarations, the method's against its config class rebuilt from its module's source. --print-config then
+    # checks the method section against the method's module too (torch), and still
     # imports no Lightning, W&B, plotly, torchvision or scikit-learn (seconds more).
     heavy = "('torch', 'lightning', 'wandb', 'plotly', 'torchvision', 'sklearn')"
     code = (
         "import sys; from plfl.cli import main; "
         f"loaded = lambda: sorted(m for m in {heavy} if m in sys.modules); "
         "errors = [main(['fit', '--config', 'configs/fedala.yaml', o]) for o in ('roundz=3', 'data.cache_dir=/x', "
-        "'model.hidden_dim=8', 'federation.executor=spark', 'method.name=fedrox')]; "
+        "'model.hidden_dim=8', 'federation.executor=spark', 'method.name=fedrox', 'method.sx=40', 'method.s=0')]; "
         "before = loaded(); "
         "status = main(['fit', '--config', 'configs/fedala.yaml', '--print-config']); "
         "print('heavy:', before, loaded(), 'status:', errors, status)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip().splitlines()[-1] == "heavy: [] ['torch'] status: [2, 2, 2, 2, 2] 0", out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "heavy: [] ['torch'] status: [2, 2, 2, 2, 2, 2, 2] 0", out.stderr
     assert "Did you mean 'federation.rounds'?" in out.stderr
+    assert "Unknown config key 'method.sx'. Did you mean 'method.s'?" in out.stderr

@@ -1,5 +1,7 @@
 """Config errors: each names the key, what is allowed, and the fix."""
 
+import dataclasses
+import inspect
 import re
 from pathlib import Path
 
@@ -7,7 +9,8 @@ import pytest
 
 from plfl.config import load_config
 from plfl.errors import ConfigError
-from plfl.methods import methods
+from plfl.fields import allowed
+from plfl.methods import methods, source_config_class
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -180,6 +183,33 @@ def test_ala_switches_on_for_fedavg():
     cfg = load_config(fedavg, ["method.ala.s=50"])
     assert cfg.method.ala.s == 50 and cfg.method.ala.p == 2
     assert "Unknown config key 'method.ala.q'" in error_of("method.ala.q=1", path=fedavg)
+
+
+@pytest.mark.parametrize("name", sorted(methods()))
+def test_a_methods_config_rebuilt_from_its_source_has_its_fields_defaults_and_checks(name):
+    # What refuses a method's keys before torch is imported must know every key, inherited ones included.
+    rebuilt, real = source_config_class(name), methods()[name].config_class
+    assert rebuilt is not None and rebuilt.__name__ == real.__name__
+    got, want = dataclasses.fields(rebuilt), dataclasses.fields(real)
+    assert [f.name for f in got] == [f.name for f in want]
+    unqualified = lambda text: re.sub(r"\b[\w.]+\.(?=\w)", "", text)  # noqa: E731
+    for g, w in zip(got, want):
+        assert unqualified(inspect.formatannotation(g.type)) == w.type
+        assert (g.default, allowed(g), g.metadata.get("doc")) == (w.default, allowed(w), w.metadata.get("doc"))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("method.sx=40", "Unknown config key 'method.sx'. Did you mean 'method.s'?"),
+        ("method.s=0", "Config key 'method.s' must be a percentage in (0, 100]; got 0.0."),
+        ("method.p=two", "Config key 'method.p' has a value of the wrong type"),
+    ],
+)
+def test_a_method_keys_error_is_the_same_from_the_source_and_from_the_module(monkeypatch, override, message):
+    assert message in error_of(override)
+    monkeypatch.setattr("plfl.config.source_config_class", lambda name: None)  # as when the source cannot tell
+    assert message in error_of(override)
 
 
 def test_keys_of_another_method_are_refused_naming_the_switch():
