@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from plfl.cli import main
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -108,12 +110,14 @@ def test_bad_input_exits_nonzero_with_one_paragraph_and_no_traceback(tmp_path):
     assert "Traceback" in debug.stderr
 
 
-@pytest.mark.slow
-def test_missing_data_directory_is_a_clear_error(tmp_path):
-    out = plfl("fit", "--config", "configs/fedala.yaml", f"data.root={tmp_path / 'nowhere'}", f"output_dir={tmp_path}")
-    assert out.returncode == 2
-    assert "PFLlib data directory" in out.stderr and "does not exist" in out.stderr
-    assert "Traceback" not in out.stderr
+def test_missing_data_directory_is_a_clear_error(tmp_path, capsys):
+    status = main(
+        ["fit", "--config", "configs/fedala.yaml", f"data.root={tmp_path / 'nowhere'}", f"output_dir={tmp_path}"]
+    )
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "PFLlib data directory" in err and "does not exist" in err
+    assert "Traceback" not in err
 
 
 def test_version_is_the_package_version():
@@ -133,22 +137,22 @@ def test_fit_without_config_names_the_example_configs(tmp_path):
     assert not any(tmp_path.iterdir())  # no hidden default run
 
 
-@pytest.mark.slow
-def test_methods_lists_every_registered_method_with_keys_and_defaults():
+def test_methods_lists_every_registered_method_with_keys_and_defaults(capsys):
     from plfl.methods import methods
 
-    out = plfl("methods")
-    assert out.returncode == 0, out.stderr
-    listed = [line.split(":")[0] for line in out.stdout.splitlines() if line and not line.startswith(" ")]
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split(":")[0] for line in out.splitlines() if line and not line.startswith(" ")]
     assert listed == list(methods())
-    assert "  method.s = 80.0 (a percentage in (0, 100]): percentage of the client's training data" in out.stdout
-    assert "  method.k = 1 (an integer >= 0)" in out.stdout
-    one = plfl("methods", "selffl")
-    assert one.stdout.startswith("selffl: Self-FL (Chen et al., NeurIPS 2022)")
-    assert "method.ala" not in one.stdout  # Self-FL has its own local initialisation
-    bad = plfl("methods", "fedala", "fedrox")
-    assert bad.returncode == 2 and bad.stdout == ""
-    assert "Unknown method.name 'fedrox'" in bad.stderr
+    assert "  method.s = 80.0 (a percentage in (0, 100]): percentage of the client's training data" in out
+    assert "  method.k = 1 (an integer >= 0)" in out
+    main(["methods", "selffl"])
+    one = capsys.readouterr().out
+    assert one.startswith("selffl: Self-FL (Chen et al., NeurIPS 2022)")
+    assert "method.ala" not in one  # Self-FL has its own local initialisation
+    assert main(["methods", "fedala", "fedrox"]) == 2
+    bad = capsys.readouterr()
+    assert bad.out == "" and "Unknown method.name 'fedrox'" in bad.err
 
 
 @pytest.mark.slow

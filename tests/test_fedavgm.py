@@ -1,13 +1,12 @@
 """FedAvgM: the server's momentum step, FedAvg as its special case, its checkpointed velocity and its keys' ranges."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from plfl.checkpoint import load_latest_checkpoint
+from plfl.cli import main
 from plfl.config import load_config
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
@@ -76,22 +75,15 @@ def test_out_of_range_keys_are_refused_with_the_key_named(override, message):
     assert message in str(info.value)
 
 
-@pytest.mark.slow
-def test_fedavgm_config_runs_end_to_end_with_the_cli(tmp_path):
+def test_fedavgm_config_runs_end_to_end_with_the_cli(tmp_path, capsys):
     def plfl(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "plfl.cli", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={"WANDB_MODE": "disabled", "PATH": "/usr/bin:/bin"},
-        )
+        status = main(list(args))
+        return status, capsys.readouterr()
 
-    listed = plfl("methods", "fedavgm")
-    assert listed.returncode == 0 and "method.server_momentum = 0.9" in listed.stdout
+    status, listed = plfl("methods", "fedavgm")
+    assert status == 0 and "method.server_momentum = 0.9" in listed.out
     # configs/fedavgm.yaml with the bundled digits instead of MNIST, and ALA on top (FedAvgM takes FedAvg's keys).
-    out = plfl(
+    status, out = plfl(
         "fit",
         "--config",
         str(CONFIG),
@@ -107,8 +99,8 @@ def test_fedavgm_config_runs_end_to_end_with_the_cli(tmp_path):
         "progress_bar=false",
         f"output_dir={tmp_path}",
     )
-    assert out.returncode == 0, out.stderr
-    run_dir = Path(out.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))
+    assert status == 0, out.err
+    run_dir = Path(out.out.strip().splitlines()[-1].removeprefix("Run directory: "))
     header, *rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
     assert [row[header.index("round")] for row in rows] == ["0", "1", "2"]
     assert float(rows[-1][header.index("accuracy")]) > 0.2  # 10 classes: chance is 0.1 (measured 0.60)

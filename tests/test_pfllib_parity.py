@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -75,17 +76,22 @@ def fake_pfllib(tmp_path: Path) -> Path:
     return tmp_path / "PFLlib"
 
 
-def run_script(fake: Path, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(SCRIPT), "--pfllib", str(fake), "--data", str(data), "--out", str(out)]
-    return subprocess.run(command + list(extra), capture_output=True, text=True, cwd=ROOT, timeout=600)
+def run_script(capsys, fake: Path, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """The script's ``main`` in this process (torch is imported already); both sides still run as processes."""
+    argv = [str(SCRIPT), "--pfllib", str(fake), "--data", str(data), "--out", str(out), *extra]
+    with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as exit_:
+        parity.main()
+    code, printed = exit_.value.code, capsys.readouterr()
+    status = code if isinstance(code, int) else int(code is not None)  # sys.exit(message) exits with 1
+    return subprocess.CompletedProcess(argv, status, printed.out, printed.err + (code if isinstance(code, str) else ""))
 
 
 @pytest.mark.slow
-def test_compares_with_pfllib_over_seeds_and_reuses_finished_sides(tmp_path, fake_pfllib):
+def test_compares_with_pfllib_over_seeds_and_reuses_finished_sides(tmp_path, fake_pfllib, capsys):
     data = federation(tmp_path / "data")
     out = tmp_path / "out"
     args = ("--method", "ditto", "--rounds", "2", "--seeds", "2", "--from-round", "1")
-    first = run_script(fake_pfllib, data, out, *args, "--tolerance", "100")
+    first = run_script(capsys, fake_pfllib, data, out, *args, "--tolerance", "100")
     assert first.returncode == 0, first.stdout + first.stderr
 
     # PFLlib got plfl's settings, Ditto's λ as its --mu, and ran both seeds in one process (--times).
@@ -115,14 +121,16 @@ def test_compares_with_pfllib_over_seeds_and_reuses_finished_sides(tmp_path, fak
 
     # Run again with a tolerance the gap exceeds: nothing is rerun, the exit status is 1.
     runs_before = sorted(out.glob("plfl/seed*/*"))
-    second = run_script(fake_pfllib, data, out, *args, "--tolerance", str(largest / 2))
+    second = run_script(capsys, fake_pfllib, data, out, *args, "--tolerance", str(largest / 2))
     assert second.returncode == 1, second.stdout + second.stderr
     assert "running:" not in second.stdout
     assert len((fake_pfllib / "system" / "argv.jsonl").read_text().splitlines()) == 1
     assert sorted(out.glob("plfl/seed*/*")) == runs_before
 
     # A third seed: each side runs only the new one; PFLlib's, in a new process, is that process's first run.
-    third = run_script(fake_pfllib, data, out, *args[:-4], "--seeds", "3", "--from-round", "1", "--tolerance", "100")
+    third = run_script(
+        capsys, fake_pfllib, data, out, *args[:-4], "--seeds", "3", "--from-round", "1", "--tolerance", "100"
+    )
     assert third.returncode == 0, third.stdout + third.stderr
     assert sorted(out.glob("plfl/seed[01]/*")) == runs_before and len(list(out.glob("plfl/seed2/*"))) == 1
     argv = json.loads((fake_pfllib / "system" / "argv.jsonl").read_text().splitlines()[1])
@@ -211,9 +219,10 @@ def test_pfllib_flags_come_from_plfls_config():
         parity.pfllib_args(cfg, parity.METHODS["perfedavg"], "MNIST", 20, 1)
 
 
-@pytest.mark.slow
-def test_missing_pfllib_checkout_is_named(tmp_path):
-    result = run_script(tmp_path / "nowhere", federation(tmp_path / "data"), tmp_path / "out", "--method", "fedavg")
+def test_missing_pfllib_checkout_is_named(tmp_path, capsys):
+    result = run_script(
+        capsys, tmp_path / "nowhere", federation(tmp_path / "data"), tmp_path / "out", "--method", "fedavg"
+    )
     assert result.returncode == 1
     assert re.search(r"nowhere/system/main.py does not exist: pass --pfllib", result.stderr)
 
