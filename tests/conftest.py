@@ -2,9 +2,14 @@
 to the shared real data."""
 
 import csv
+import importlib.util
 import os
+import subprocess
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Optional
+from unittest import mock
 
 import pytest
 import torch
@@ -27,6 +32,30 @@ from plfl.tasks import ClientFailure, resolved
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 FEDALA_MNIST = SHARED_DATA / "fedala-mnist-dir0.1"
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script of ``benchmarks/`` (no package) as a module, registered under its file name."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = sys.modules[path.stem] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_main(script: ModuleType, capsys, *args: str) -> subprocess.CompletedProcess:
+    """``script.main()`` with the command-line arguments ``args``, in this process (torch is imported already):
+    its exit status (``sys.exit(message)`` is 1, the message on stderr), stdout and stderr."""
+    argv = [script.__file__, *args]
+    code = None
+    with mock.patch.object(sys, "argv", argv):
+        try:
+            script.main()
+        except SystemExit as exit_:
+            code = exit_.code
+    printed = capsys.readouterr()
+    status = code if isinstance(code, int) else int(code is not None)
+    return subprocess.CompletedProcess(argv, status, printed.out, printed.err + (code if isinstance(code, str) else ""))
+
 
 # One torch thread in this process and in every run and subprocess it starts (plfl's federation.threads reads
 # OMP_NUM_THREADS): the tests' federations are tiny, and tests run beside other jobs, where a second thread stalls.

@@ -334,7 +334,7 @@ def test_ci_runs_the_readmes_test_tiers_which_split_the_suite():
     commands = re.compile(r"^(pytest [^\n#]*?)\s*(?:#.*)?$", re.MULTILINE)
     readme = commands.findall((ROOT / "README.md").read_text())
     assert readme == commands.findall((ROOT / ".ci" / "run").read_text())
-    assert readme == ['pytest -q -m "not slow"', "pytest -q -m slow"]
+    assert readme == ['pytest -q -n auto -m "not slow"', "pytest -q -n auto -m slow"]
 
 
 def test_the_readme_methods_table_is_the_registrys():

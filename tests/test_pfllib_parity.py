@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import pytest
 
 from plfl.errors import PlflError
 
+from conftest import load_script, run_main
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "pfllib_parity.py"
-spec = importlib.util.spec_from_file_location("pfllib_parity", SCRIPT)
-parity = sys.modules["pfllib_parity"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(parity)
+parity = load_script(SCRIPT)
 
 # PFLlib's main.py as far as this script reads it: the echoed arguments, a block per run (--times),
 # "Averaged Test Accuracy" per round, "All done!". It fails as PFLlib would when the data is not at
@@ -77,13 +74,8 @@ def fake_pfllib(tmp_path: Path) -> Path:
 
 
 def run_script(capsys, fake: Path, data: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    """The script's ``main`` in this process (torch is imported already); both sides still run as processes."""
-    argv = [str(SCRIPT), "--pfllib", str(fake), "--data", str(data), "--out", str(out), *extra]
-    with mock.patch.object(sys, "argv", argv), pytest.raises(SystemExit) as exit_:
-        parity.main()
-    code, printed = exit_.value.code, capsys.readouterr()
-    status = code if isinstance(code, int) else int(code is not None)  # sys.exit(message) exits with 1
-    return subprocess.CompletedProcess(argv, status, printed.out, printed.err + (code if isinstance(code, str) else ""))
+    """The script in this process; both sides still run as processes of their own."""
+    return run_main(parity, capsys, "--pfllib", str(fake), "--data", str(data), "--out", str(out), *extra)
 
 
 @pytest.mark.slow

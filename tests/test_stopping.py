@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from plfl.config import load_config, resume_config
+from plfl.experiment import run_experiment
 from plfl.stopping import Stopped, deferred, stop_on_signals
 
 from test_resume import ROOT, results
@@ -74,13 +76,7 @@ def stop_mid_epoch(process: subprocess.Popen, run_parent: Path, signum: int) -> 
 def uninterrupted(tmp_path_factory) -> tuple:
     """The results of the slow run, not interrupted (sequential; Ray gives the same numbers), and the seconds of
     its round 1 (one client's local epoch, then evaluation)."""
-    tmp_path = tmp_path_factory.mktemp("uninterrupted")
-    done = subprocess.run(
-        [sys.executable, "-m", "plfl.cli", "fit", "--config", str(config(tmp_path))],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    run_dir = Path(done.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))
+    run_dir, _ = run_experiment(load_config(config(tmp_path_factory.mktemp("uninterrupted"))))
     return results(run_dir), round_seconds(run_dir)
 
 
@@ -117,12 +113,10 @@ def test_a_signal_mid_epoch_stops_the_run_within_seconds_and_resume_finishes_it(
     assert (summary["status"], summary["signal"], summary["rounds"]) == ("interrupted", name, 0)
     assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["round-00000.pt"]
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "plfl.cli", "fit", "--resume", str(run_dir)],
-        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr
-    assert results(run_dir) == expected
+    # Resumed in this process, Ray's run on the sequential executor (same numbers, no second Ray to start):
+    # plfl fit --resume and resuming on Ray have tests of their own (test_resume.py, test_ray.py).
+    resumed, _ = run_experiment(resume_config(run_dir, ["federation.executor=sequential"]), run_dir)
+    assert resumed == run_dir and results(run_dir) == expected
 
 
 def test_a_sweep_stops_on_a_signal_and_its_next_invocation_continues_the_trial(tmp_path, uninterrupted):
