@@ -141,6 +141,7 @@ METHODS = {
     ),
     "fedrep": Pairing("FedRep", (Flag("plocal_epochs", "method.head_epochs"),)),
     "lgfedavg": Pairing("LG-FedAvg"),
+    "fedper": Pairing("FedPer"),
     "fedbn": Pairing(
         "FedBN",
         overrides=("model.batch_norm=false", "method.name=fedavg"),
