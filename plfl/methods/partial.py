@@ -1,9 +1,8 @@
 """Partial sharing: FedAvg over part of the model while the other keys never leave the client.
 
-FedRep (the head stays local), LG-FedAvg (the body stays local) and FedBN (the BatchNorm
-layers stay local) are FedAvg except for the ``state_dict`` keys a client keeps,
-``local_keys``. They are named from the model's structure (a submodule, or every module of
-a type), never from substrings of names.
+A method of this family is FedAvg except for the ``state_dict`` keys a client keeps, ``local_keys``: the head,
+the body, or the BatchNorm layers, say. They are named from the model's structure (a submodule, or every module
+of a type), never from substrings of names.
 """
 
 from __future__ import annotations
