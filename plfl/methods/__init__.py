@@ -136,9 +136,10 @@ def _config_class(method: _Statement) -> Optional[_Statement]:
     if value is not None:
         return _resolve(value.id, method[1]) if isinstance(value, ast.Name) else None
     for base in method[0].bases:
-        found = isinstance(base, ast.Name) and _resolve(base.id, method[1])
-        if found and _config_class(found):
-            return _config_class(found)
+        found = _resolve(base.id, method[1]) if isinstance(base, ast.Name) else None
+        inherited = _config_class(found) if found else None
+        if inherited:
+            return inherited
     return None
 
 
