@@ -6,9 +6,9 @@ the sections that plfl's parts declare beside the code that reads them: ``data.*
 partition's keys, :mod:`plfl.data.sources`), ``model.*`` (every model's, :mod:`plfl.models`), the executors'
 own sections (:mod:`plfl.executors.options`) and ``method.*`` (the named method's config, its module in
 :mod:`plfl.methods`). A key that the chosen source, partition, model or executor does not read is refused unless
-it holds its default, with who reads it. Every check runs without importing torch: the method section's against
-the method's config class rebuilt from its module's source, and only then (for what that class cannot check,
-e.g. a ``__post_init__``) against the module itself, imported last.
+it holds its default, with who reads it. Every check runs before torch is imported, the method section's against
+the method's config class rebuilt from its module's source; only then is the module itself imported (torch with
+it), last, for what the rebuilt class cannot check (a ``__post_init__``).
 """
 
 from __future__ import annotations
