@@ -124,6 +124,8 @@ EXTRA_OPTIONS = {
     # Schedules over the run's rounds unless fixed: APPLE's end L, FedPHP's T.
     "apple": {"method.schedule_rounds": 3},
     "fedphp": {"method.inheritance_rounds": 3},
+    # Its last round fine-tunes every client: a run continued past round 2 keeps round 2's fine-tuned evaluation.
+    "fedbabu": {"method.fine_tuning_epochs": 0},
     "partialfed": {"method.strategy": "adaptive", "method.warmup_rounds": 1},  # the learned strategy resumes too
 }
 
