@@ -9,8 +9,9 @@ server rounds. Flower's strategies are driven through their ``aggregate_fit`` wi
 
 Two comparisons per optimiser, printed as the largest |plfl − Flower| over every entry and round:
 
-- ``as is``: both at the same η, β₁, β₂, τ (β₁ = 0 for FedAdagrad, which Flower fixes). plfl starts v at τ² (Alg. 2's v_{−1} ≥ τ², at its bound), Flower at
-  0; Flower's FedAdam also scales η by √(1 − β₂^{r+1}) / (1 − β₁^{r+1}) in server round r.
+- ``as is``: both at the same η, β₁, β₂, τ (β₁ = 0 for FedAdagrad, which Flower fixes). plfl starts v at τ²
+  (Alg. 2's v_{−1} ≥ τ², at its bound), Flower at 0; Flower's FedAdam also scales η by √(1 − β₂^{r+1}) / (1 −
+  β₁^{r+1}) in server round r.
 - ``Flower's v_0 and η_r``: plfl's rule with τ so small that τ² vanishes beside Δ², and with FedAdam's η replaced
   by Flower's η_r round by round. This is plfl's arithmetic with Flower's two choices; it must agree to float64
   rounding.
@@ -67,7 +68,10 @@ def example(rounds: int, seed: int = 0) -> tuple[dict[str, torch.Tensor], list[l
     g = torch.Generator().manual_seed(seed)
     initial = {k: torch.randn(shape, generator=g, dtype=torch.float64) for k, shape in SHAPES.items()}
     deltas = [
-        [{k: 0.1 * torch.randn(shape, generator=g, dtype=torch.float64) for k, shape in SHAPES.items()} for _ in SAMPLES]
+        [
+            {k: 0.1 * torch.randn(shape, generator=g, dtype=torch.float64) for k, shape in SHAPES.items()}
+            for _ in SAMPLES
+        ]
         for _ in range(rounds)
     ]
     return initial, deltas
@@ -98,7 +102,8 @@ def flower_side(python: str, config: FedOptConfig, initial, deltas, plfl_models)
         | ({} if config.server_optimizer == "adagrad" else {"beta_1": config.beta1, "beta_2": config.beta2}),
         "initial": [initial[k].tolist() for k in SHAPES],
         "rounds": [
-            [[(x[k] + d[k]).tolist() for k in SHAPES] for d in round_deltas] for x, round_deltas in zip(previous, deltas)
+            [[(x[k] + d[k]).tolist() for k in SHAPES] for d in round_deltas]
+            for x, round_deltas in zip(previous, deltas)
         ],
         "samples": list(SAMPLES),
     }

@@ -1,9 +1,10 @@
 """FedBABU (Oh, Kim and Yun, ICLR 2022, arXiv:2106.06042): federated body, a head that never trains until fine-tuning.
 
 The model is a body (``body.*``) and a head (the last classifier layer, ``head.*``). The head keeps its random
-initial weights, the same on every client, through federated training (Sec. 4, Alg. 1): a sampled client trains the body alone, under the initial head, for ``federation.local_epochs`` epochs
-of SGD from the received body (``local_train``) and uploads the body; the server sets the body to the sample-size
-weighted mean of the sampled clients' bodies (``aggregate``, FedAvg's) and sends it to every client. The head is
+initial weights, the same on every client, through federated training (Sec. 4, Alg. 1): a sampled client
+trains the body alone, under the initial head, for ``federation.local_epochs`` epochs of SGD from the received
+body (``local_train``) and uploads the body; the server sets the body to the sample-size weighted mean of the
+sampled clients' bodies (``aggregate``, FedAvg's) and sends it to every client. The head is
 never sent: every client already holds it.
 
 Personalization (Sec. 4): in the last round (``federation.rounds``) every client fine-tunes the
