@@ -14,15 +14,13 @@ from plfl.methods.base import nbytes
 from plfl.methods.fedpac import (
     FedPAC,
     FedPACConfig,
-    aggregate_prototypes,
-    alignment_penalty,
     combination_matrix,
     combination_weights,
     combine_heads,
     feature_statistics,
-    local_prototypes,
     simplex_qp,
 )
+from plfl.methods.prototypes import aggregate_prototypes, class_sums, local_prototypes
 from plfl.seeding import derive_seed
 
 from conftest import ROOT, make_context, run_hook, run_loop, sequential
@@ -82,24 +80,12 @@ def test_feature_statistics_by_hand():
     variance, h = feature_statistics(features, y, 3)
     torch.testing.assert_close(h, torch.tensor([[4 / 3, 0.0], [0.0, 2 / 3], [0.0, 0.0]]))
     torch.testing.assert_close(variance, torch.tensor(22 / 27))  # V/m
-    prototypes = local_prototypes(features, y, 3)
+    prototypes = local_prototypes(*class_sums(features, y, 3))
     assert set(prototypes) == {"prototype/0", "prototype/1"}
     torch.testing.assert_close(prototypes["prototype/0"], torch.tensor([2.0, 0.0]))
     merged = aggregate_prototypes([prototypes, {"prototype/0": torch.tensor([4.0, 2.0])}])
     torch.testing.assert_close(merged["prototype/0"], torch.tensor([3.0, 1.0]))  # the plain mean over clients
     torch.testing.assert_close(merged["prototype/1"], torch.tensor([0.0, 2.0]))
-
-
-def test_alignment_penalty_by_hand():
-    # Sample 0 (class 0, prototype (0, 0)): ‖(1, 2)‖² = 5; sample 1's class has no prototype: 0. Over B·F = 4: 1.25.
-    features, y = torch.tensor([[1.0, 2.0], [5.0, 5.0]]), torch.tensor([0, 1])
-    table, present = torch.zeros(2, 2), torch.tensor([1.0, 0.0])
-    assert alignment_penalty(features, y, table, present, None).item() == pytest.approx(1.25)
-    assert alignment_penalty(features, y, table, present, torch.tensor([1.0, 0.0])).item() == pytest.approx(2.5)
-    # PFLlib's form: MSE against the features with the prototype put in where there is one.
-    target = features.clone()
-    target[0] = table[0]
-    assert alignment_penalty(features, y, table, present, None).item() == pytest.approx(F.mse_loss(features, target))
 
 
 def test_body_epochs_match_an_independent_loop_and_the_head_stays_frozen(tiny_federation):

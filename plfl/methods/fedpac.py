@@ -16,16 +16,18 @@ global body and the head it holds (``local_train``):
    h_i (C × F) estimates E[z 1{y = k}], and V_i/n_i is the variance of that estimate, which is uploaded;
 2. one epoch of SGD on the head alone, body frozen (stream "head_training");
 3. ``federation.local_epochs`` epochs of SGD on the body alone, head frozen, on the cross-entropy plus λ times
-   the feature alignment term (:func:`alignment_penalty`, λ = ``method.lam``; the step task :class:`FedPACStep`,
-   stream "local_training"): the mean over the batch's samples and the F feature dimensions of
+   the feature alignment term (:func:`~plfl.methods.prototypes.prototype_penalty`, λ = ``method.lam``; the step
+   task :class:`FedPACStep`, stream "local_training"): the mean over the batch's samples and the F feature dimensions of
    ‖z − c_y‖², c_y the global prototype of the sample's class; a sample whose class has none counts 0 (all do in
    the first round);
-4. its local prototypes, the mean trained-body feature of each class it holds (:func:`local_prototypes`).
+4. its local prototypes, the mean trained-body feature of each class it holds
+   (:func:`~plfl.methods.prototypes.local_prototypes`).
 
 It uploads (``client_message``) its body, head, prototypes (``prototype/<k>``), V_i/n_i (``fedpac/variance``)
 and h_i (``fedpac/h``). The server (``aggregate``) sets the global body to the sample-weighted mean of the
-bodies, the global prototypes to the per-class mean of the uploaded ones (:func:`aggregate_prototypes`;
-classes nobody uploaded this round have none), and, for each uploading client i, solves the paper's Eq. 9 over
+bodies, the global prototypes to the per-class mean of the uploaded ones
+(:func:`~plfl.methods.prototypes.aggregate_prototypes`; classes nobody uploaded this round have none), and, for each
+uploading client i, solves the paper's Eq. 9 over
 the round's uploaders j (:func:`combination_weights`):
 
 .. math:: \alpha_i = \arg\min_{\alpha \in \Delta} \alpha^\top P^{(i)} \alpha, \qquad
@@ -76,6 +78,15 @@ from plfl.fields import checked
 from plfl.methods.base import FederationContext, MethodConfig, require_plain_steps
 from plfl.methods.fedavg import weighted_average
 from plfl.methods.partial import PartialSharing, module_keys
+from plfl.methods.prototypes import (
+    PREFIX,
+    aggregate_prototypes,
+    class_sums,
+    local_prototypes,
+    one_hot,
+    prototype_penalty,
+    prototype_table,
+)
 from plfl.models import BodyHeadModel
 from plfl.state import Params
 from plfl.tasks import (
@@ -92,7 +103,6 @@ from plfl.tasks import (
     sample_count,
 )
 
-PREFIX = "prototype/"  # a message's prototype of class k: prototype/<k>, (F,)
 VARIANCE, MEANS = "fedpac/variance", "fedpac/h"  # an upload's V_i/n_i (0-dim) and h_i (C, F)
 TABLE, PRESENT = "fedpac/prototypes", "fedpac/present"  # a step's global prototypes (C, F) and 1/0 flags (C,)
 SMALL_WEIGHT = 1e-3  # combination weights below it are set to 0 (PFLlib's and the authors' eps)
@@ -112,11 +122,6 @@ class FedPACConfig(MethodConfig):
     )
 
 
-def one_hot(y: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B,) int64 labels → (B, num_classes) 1/0 rows of ``dtype`` (no data-dependent shape: vmap-safe)."""
-    return (y[:, None] == torch.arange(num_classes, device=y.device)).to(dtype)
-
-
 def feature_statistics(features: torch.Tensor, y: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A client's statistics for the classifier combination, from its m features z_l (m, F) and labels (m,):
 
@@ -134,56 +139,6 @@ def feature_statistics(features: torch.Tensor, y: torch.Tensor, num_classes: int
     h = one_hot(y, num_classes, z.dtype).T @ z / m
     variance = z.square().sum() / m - h.square().sum()
     return (variance / m).to(dtype), h.to(dtype)
-
-
-def local_prototypes(features: torch.Tensor, y: torch.Tensor, num_classes: int) -> Params:
-    """The mean feature of each class present in ``features`` (m, F) with labels ``y`` (m,), as
-    ``prototype/<k>`` (F,) tensors: what a client uploads."""
-    rows = one_hot(y, num_classes, features.dtype)
-    sums, counts = rows.T @ features, rows.sum(0)
-    return {f"{PREFIX}{k}": sums[k] / counts[k] for k in range(num_classes) if counts[k] > 0}
-
-
-def aggregate_prototypes(uploads: list[Params]) -> Params:
-    """The global prototype of every class k that some upload holds: the plain mean of the uploaded
-    ``prototype/<k>`` over the uploads that hold it (PFLlib's); classes nobody uploaded have none."""
-    keys = sorted({k for upload in uploads for k in upload}, key=lambda k: int(k.removeprefix(PREFIX)))
-    return {k: torch.stack([u[k] for u in uploads if k in u]).mean(0) for k in keys}
-
-
-def prototype_table(prototypes: Params, num_classes: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Received ``prototype/<k>`` tensors as a (num_classes, dim) table, zero rows where a class has none, and
-    (num_classes,) 1/0 flags of the classes that have one (float32, or the prototypes' dtype)."""
-    dtype = next(iter(prototypes.values())).dtype if prototypes else torch.float32
-    table, present = torch.zeros(num_classes, dim, dtype=dtype), torch.zeros(num_classes, dtype=dtype)
-    for key, prototype in prototypes.items():
-        k = int(key.removeprefix(PREFIX))
-        table[k], present[k] = prototype, 1
-    return table, present
-
-
-def alignment_penalty(
-    features: torch.Tensor, y: torch.Tensor, table: torch.Tensor, present: torch.Tensor, mask: Optional[torch.Tensor]
-) -> torch.Tensor:
-    """The feature alignment term Σ_b m_b p_{y_b} ‖z_b − c_{y_b}‖² / (F Σ_b m_b): the mean squared error between
-    the features and their class's global prototype over the real samples and the F dimensions (PFLlib's
-    ``MSELoss``), a sample whose class has no prototype (p = 0) counting 0.
-
-    Args:
-        features: (B, F) body outputs z.
-        y: (B,) int64 labels.
-        table: (C, F) global prototypes c (rows of classes without one unused).
-        present: (C,) 1/0, the classes with a global prototype.
-        mask: (B,) 1/0 real samples, or None (all).
-
-    Returns:
-        A 0-dim tensor.
-    """
-    rows = one_hot(y, table.shape[0], features.dtype)
-    weight = rows @ present if mask is None else (rows @ present) * mask
-    squared = (features - rows @ table).square().sum(1)
-    samples = features.shape[0] if mask is None else mask.sum()
-    return (weight * squared).sum() / (features.shape[1] * samples)
 
 
 def combination_matrix(variances: torch.Tensor, means: torch.Tensor, client: int) -> np.ndarray:
@@ -253,9 +208,11 @@ def combine_heads(heads: list[Params], alpha: torch.Tensor) -> Params:
 
 @dataclass(frozen=True)
 class FedPACStep(Step):
-    """One SGD step of the body on the cross-entropy plus λ times :func:`alignment_penalty`, the head frozen.
-    The state holds the body (the ``parameters`` and its buffers); the inputs the head (``head.*``), the global
-    prototypes ``fedpac/prototypes`` (C, F) and their flags ``fedpac/present`` (C,) (:func:`prototype_table`).
+    """One SGD step of the body on the cross-entropy plus λ times
+    :func:`~plfl.methods.prototypes.prototype_penalty`, the head frozen. The state holds the body (the
+    ``parameters`` and its buffers); the inputs the head (``head.*``), the global
+    prototypes ``fedpac/prototypes`` (C, F) and their flags ``fedpac/present`` (C,)
+    (:func:`~plfl.methods.prototypes.prototype_table`).
     The loss returned is the cross-entropy."""
 
     work = "FedPAC's body steps"
@@ -271,7 +228,7 @@ class FedPACStep(Step):
             features, statistics = network({**buffers, **w}, batch.x, batch.mask, "body")
             logits, _ = network(head, features, batch.mask, "head")
             cross_entropy = masked_cross_entropy(logits, batch.y, batch.mask)
-            penalty = alignment_penalty(features, batch.y, inputs[TABLE], inputs[PRESENT], batch.mask)
+            penalty = prototype_penalty(features, batch.y, inputs[TABLE], inputs[PRESENT], batch.mask)
             return cross_entropy + self.lam * penalty, (cross_entropy, statistics)
 
         w = {k: state[k] for k in self.parameters}
@@ -349,7 +306,7 @@ class FedPAC(PartialSharing):
         features: FeatureResult = yield FeatureTask(client_id, trained, samples, federation.batch_size)
         upload = {
             **trained,
-            **local_prototypes(features.x, features.y, self.num_classes),
+            **local_prototypes(*class_sums(features.x, features.y, self.num_classes)),
             VARIANCE: variance,
             MEANS: means,
         }

@@ -7,16 +7,17 @@ training samples of class j and C̄^{(j)} the global prototype of class j:
 
 - local prototype: C_i^{(j)} = 1/|D_{i,j}| Σ_{(x, y) ∈ D_{i,j}} f_i(x)  (the paper's local prototype, Alg. 1);
 - global prototype: C̄^{(j)} = the mean of C_i^{(j)} over the clients i that uploaded one for class j
-  (:func:`aggregate_prototypes`);
+  (:func:`~plfl.methods.prototypes.aggregate_prototypes`);
 - local loss (the paper's local objective): CE(x, y) + λ R, with R the mean squared distance of f_i(x) to
   C̄^{(y)} over the batch's samples and feature dimensions, samples of a class without a global prototype
-  counting 0 (:func:`prototype_penalty`, PFLlib's MSE; λ = ``method.lam``).
+  counting 0 (:func:`~plfl.methods.prototypes.prototype_penalty`, PFLlib's MSE; λ = ``method.lam``).
 
 Round t, a sampled client (``local_train``, the step task :class:`FedProtoStep`): its own model (body and head)
 trains for ``federation.local_epochs`` epochs, one SGD step per mini-batch on the local loss with the global
 prototypes it received, and sums each class's features of the batches as they go (the features of the step's
-forward pass, before its update: :func:`class_sums`); the means, one per class the client saw, are its local
-prototypes and all it uploads (``client_message``). The server replaces the global prototypes by the mean of
+forward pass, before its update: :func:`~plfl.methods.prototypes.class_sums`); the means, one per class the
+client saw, are its local prototypes and all it uploads (``client_message``). The server replaces the global
+prototypes by the mean of
 the round's uploads (``aggregate``) and sends them to every client (``server_message``: ``prototype/<class>``
 tensors of the classes that have one). Before the first aggregation there is none: the first training is
 cross-entropy alone, as in PFLlib.
@@ -42,7 +43,6 @@ where plfl evaluates the initial model; the cross-entropy logged for ``prototype
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch.func import grad
@@ -51,6 +51,13 @@ from plfl.errors import ConfigError
 from plfl.fields import checked, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig, require_plain_steps
 from plfl.methods.partial import module_keys
+from plfl.methods.prototypes import (
+    aggregate_prototypes,
+    class_sums,
+    local_prototypes,
+    prototype_penalty,
+    prototype_table,
+)
 from plfl.models import BodyHeadModel
 from plfl.state import Params
 from plfl.tasks import (
@@ -65,7 +72,6 @@ from plfl.tasks import (
     sample_count,
 )
 
-PREFIX = "prototype/"  # a message's tensor of class j: prototype/<j>, (F,)
 HEAD = "fedproto_head"  # the store's key of a client's own head
 SUMS, COUNTS = "fedproto/sums", "fedproto/counts"  # a step's running per-class feature sums (C, F) and counts (C,)
 TABLE, PRESENT = "fedproto/prototypes", "fedproto/present"  # a step's global prototypes (C, F) and 1/0 flags (C,)
@@ -92,69 +98,6 @@ class FedProtoConfig(MethodConfig):
     )
 
 
-def one_hot(y: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
-    """(B,) int64 labels → (B, num_classes) 1/0 rows of ``dtype`` (no data-dependent shape: vmap-safe)."""
-    return (y[:, None] == torch.arange(num_classes, device=y.device)).to(dtype)
-
-
-def class_sums(
-    features: torch.Tensor, y: torch.Tensor, num_classes: int, mask: Optional[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-class sums of a batch's features (B, F) and the samples counted (the real ones where ``mask`` (B,) is
-    1): (num_classes, F) and (num_classes,) of the features' dtype."""
-    rows = one_hot(y, num_classes, features.dtype)
-    if mask is not None:
-        rows = rows * mask[:, None]
-    return rows.T @ features, rows.sum(0)
-
-
-def local_prototypes(sums: torch.Tensor, counts: torch.Tensor) -> Params:
-    """C_i^{(j)} = sums[j] / counts[j] for every class j with counts[j] > 0, as ``prototype/<j>`` (F,) tensors:
-    what a client uploads. ``sums`` (C, F), ``counts`` (C,)."""
-    return {f"{PREFIX}{j}": sums[j] / counts[j] for j in range(len(counts)) if counts[j] > 0}
-
-
-def aggregate_prototypes(uploads: list[Params]) -> Params:
-    """C̄^{(j)}: for every ``prototype/<j>`` key in any upload, the plain mean over the uploads that hold it (the
-    clients that saw class j); classes nobody uploaded have none."""
-    keys = sorted({k for upload in uploads for k in upload}, key=lambda k: int(k.removeprefix(PREFIX)))
-    return {k: torch.stack([u[k] for u in uploads if k in u]).mean(0) for k in keys}
-
-
-def prototype_table(prototypes: Params, num_classes: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The received ``prototype/<j>`` tensors as a (C, F) table, zero rows where a class has none, and (C,)
-    1/0 flags of the classes that have one (float32, or the prototypes' dtype)."""
-    dtype = next(iter(prototypes.values())).dtype if prototypes else torch.float32
-    table, present = torch.zeros(num_classes, dim, dtype=dtype), torch.zeros(num_classes, dtype=dtype)
-    for key, prototype in prototypes.items():
-        j = int(key.removeprefix(PREFIX))
-        table[j], present[j] = prototype, 1
-    return table, present
-
-
-def prototype_penalty(
-    features: torch.Tensor, y: torch.Tensor, table: torch.Tensor, present: torch.Tensor, mask: Optional[torch.Tensor]
-) -> torch.Tensor:
-    """R = Σ_b m_b p_{y_b} ‖f_b − C̄^{(y_b)}‖² / (F Σ_b m_b): PFLlib's MSE between the features and their
-    label's global prototype, samples of a class without one (p = 0) counting 0.
-
-    Args:
-        features: (B, F) body outputs f.
-        y: (B,) int64 labels.
-        table: (C, F) global prototypes (rows of absent classes unused).
-        present: (C,) 1/0, the classes with a global prototype.
-        mask: (B,) 1/0 real samples, or None (all).
-
-    Returns:
-        A 0-dim tensor.
-    """
-    rows = one_hot(y, table.shape[0], features.dtype)
-    weight = rows @ present if mask is None else (rows @ present) * mask
-    squared = (features - rows @ table).square().sum(1)
-    samples = features.shape[0] if mask is None else mask.sum()
-    return (weight * squared).sum() / (features.shape[1] * samples)
-
-
 def prototype_classifier(table: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A linear head (weight (C, F), bias (C,)) whose logits are −‖f − C̄^{(j)}‖²/F + ‖f‖²/F = (2 C̄^{(j)}·f −
     ‖C̄^{(j)}‖²)/F for every class j with a global prototype (``present`` 1) and :data:`ABSENT_LOGIT` for the
@@ -170,7 +113,8 @@ class FedProtoStep(Step):
     """One SGD step of the client's model on CE + λ R (:func:`prototype_penalty`) on a mini-batch, adding the
     batch's features (before the step) to the per-class sums. The state holds the model (the ``parameters`` and
     its buffers) and ``fedproto/sums`` (C, F), ``fedproto/counts`` (C,); the inputs ``fedproto/prototypes``
-    (C, F) and ``fedproto/present`` (C,) (:func:`prototype_table`). The loss returned is the cross-entropy."""
+    (C, F) and ``fedproto/present`` (C,) (:func:`~plfl.methods.prototypes.prototype_table`). The loss returned is
+    the cross-entropy."""
 
     work = "FedProto's local steps"
     parameters: tuple[str, ...]
