@@ -74,6 +74,7 @@ class Pairing:
     column: str = "accuracy"  # plfl's metrics.csv column that measures what PFLlib's accuracy does
     round_offset: int = 0  # PFLlib's round r is plfl's round r + round_offset
     evaluations: int = 1  # accuracies PFLlib prints per round; the last is compared
+    after_last: int = 0  # accuracies PFLlib prints after its last round (FedBABU's fine-tuned models), not compared
 
 
 def _half(epochs: int) -> int:
@@ -141,7 +142,44 @@ METHODS = {
     ),
     "fedrep": Pairing("FedRep", (Flag("plocal_epochs", "method.head_epochs"),)),
     "lgfedavg": Pairing("LG-FedAvg"),
+    "apfl": Pairing(
+        "APFL",
+        (Flag("alpha", "method.alpha"),),
+        note="PFLlib steps α by the lr: method.alpha_lr null; PFLlib steps v on f(v) (plfl: on f(v̄)), adds "
+        "0.02α to α's gradient, keeps v̄ as v and evaluates v̄ with the client's trained w (plfl/methods/apfl.py)",
+    ),
+    "fedrod": Pairing(
+        "FedROD",
+        note="PFLlib counts a client's classes over one shuffled pass that drops its last incomplete batch",
+    ),
     "fedper": Pairing("FedPer"),
+    "fedbabu": Pairing(
+        "FedBABU",
+        (Flag("fine_tuning_epochs", "method.fine_tuning_epochs"),),
+        note="compared: the global model (the global body under the initial head) of every round; both fine-tune "
+        "after the last round, PFLlib from each client's own last local training",
+        column="global_accuracy",
+        after_last=1,
+    ),
+    "scaffold": Pairing("SCAFFOLD", (Flag("server_learning_rate", "method.server_lr"),)),
+    "feddyn": Pairing(
+        "FedDyn",
+        (Flag("alpha", "method.alpha"),),
+        ("method.penalty=unsquared",),
+        note="PFLlib's proximal term is α/2‖θ − θ^{t−1}‖, not squared: plfl's side takes method.penalty=unsquared",
+    ),
+    "moon": Pairing("MOON", (Flag("mu", "method.mu"), Flag("tau", "method.tau"))),
+    "fedpac": Pairing(
+        "FedPAC",
+        (Flag("lamda", "method.lam"),),
+        note="PFLlib's feature statistics and prototypes leave out each client's last incomplete batch",
+    ),
+    "fedproto": Pairing(
+        "FedProto",
+        (Flag("lamda", "method.lam"),),
+        note="PFLlib classifies by the nearest global prototype (plfl's method.inference=prototypes) and "
+        "reports 0 % at round 0, before any prototype exists, where plfl evaluates the initial model",
+    ),
     "fedbn": Pairing(
         "FedBN",
         overrides=("model.batch_norm=false", "method.name=fedavg"),
@@ -275,7 +313,7 @@ class PfllibSide(Side):
         (work / "system").mkdir(parents=True, exist_ok=True)
         self.out, self.seeds = out, int(args["times"])
         self.settings = {name: value for name, value in args.items() if name != "times"}
-        self.offset, self.evaluations = pairing.round_offset, pairing.evaluations
+        self.offset, self.evaluations, self.after_last = pairing.round_offset, pairing.evaluations, pairing.after_last
         # Only the runs still missing are started, in a process of their own with a log of its own.
         missing = {**args, "times": str(max(1, self.seeds - len(self._finished_runs())))}
         flags = [token for name, value in missing.items() for token in (f"--{name}", value)]
@@ -289,7 +327,7 @@ class PfllibSide(Side):
         runs = self._finished_runs()[: self.seeds]
         if len(runs) < self.seeds:
             return None
-        return [{r + self.offset: accuracies[-1] for r, accuracies in run.items()} for run in runs]
+        return [{r + self.offset: accuracies[self.evaluations - 1] for r, accuracies in run.items()} for run in runs]
 
     def _logs(self) -> list[Path]:
         """``pfllib.log``, then ``pfllib-2.log``, … (one per PFLlib process), those that exist."""
@@ -298,12 +336,13 @@ class PfllibSide(Side):
 
     def _finished_runs(self) -> list[dict[int, list[float]]]:
         """The runs, log by log, that printed every round and were run with these settings."""
-        rounds = range(int(self.settings["global_rounds"]) + 1)
+        last = int(self.settings["global_rounds"])
+        printed = {r: self.evaluations + (self.after_last if r == last else 0) for r in range(last + 1)}
         runs = []
         for log in self._logs():
             echoed, log_runs = read_pfllib_log(log.read_text(errors="replace"))
             if _same(echoed, self.settings):
-                runs += [run for run in log_runs if all(len(run.get(r, ())) == self.evaluations for r in rounds)]
+                runs += [run for run in log_runs if all(len(run.get(r, ())) == n for r, n in printed.items())]
         return runs
 
 
