@@ -177,6 +177,20 @@ def test_a_round_is_in_once_pfllib_printed_all_its_evaluations(tmp_path, fake_pf
     assert side.accuracies() == [{0: 10.0, 1: 90.0}]
 
 
+def test_an_evaluation_after_the_last_round_is_awaited_and_left_out(tmp_path, fake_pfllib):
+    # FedBABU's PFLlib run prints its fine-tuned models' accuracy after the last round's global model's.
+    out = tmp_path / "out"
+    args = {"times": "1", "global_rounds": "1"}
+    pairing = parity.METHODS["fedbabu"]
+    side = parity.PfllibSide(fake_pfllib, federation(tmp_path / "data", 1), "MNIST", args, out, pairing)
+    log = "times = 1\nglobal_rounds = 1\nRunning time: 0th\n"
+    log += "Round number: 0\nAveraged Test Accuracy: 0.1\nRound number: 1\nAveraged Test Accuracy: 0.5\n"
+    (out / "pfllib.log").write_text(log)
+    assert side.accuracies() is None  # the fine-tuned models are still to be evaluated
+    (out / "pfllib.log").write_text(log + "Averaged Test Accuracy: 0.97\n")
+    assert side.accuracies() == [{0: 10.0, 1: 50.0}]
+
+
 def test_reads_pfllib_log_per_run():
     text = (
         "algorithm = FedAvg\ntimes = 2\n==\n\n============= Running time: 0th =============\n"
