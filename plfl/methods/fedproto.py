@@ -5,7 +5,7 @@ No model leaves a client: clients and server exchange class prototypes, the mean
 With f_i(x) the body's output (the features the classifier head reads) of client i's model, D_{i,j} its
 training samples of class j and C̄^{(j)} the global prototype of class j:
 
-- local prototype: C_i^{(j)} = 1/|D_{i,j}| Σ_{(x, y) ∈ D_{i,j}} f_i(x)  (the paper's local prototype, Alg. 1);
+- local prototype: C_i^{(j)} = (1/n_{i,j}) Σ_{(x, y) ∈ D_{i,j}} f_i(x), n_{i,j} the size of D_{i,j}  (the paper's local prototype, Alg. 1);
 - global prototype: C̄^{(j)} = the mean of C_i^{(j)} over the clients i that uploaded one for class j
   (:func:`~plfl.methods.prototypes.aggregate_prototypes`);
 - local loss (the paper's local objective): CE(x, y) + λ R, with R the mean squared distance of f_i(x) to
@@ -31,7 +31,7 @@ client's own head, trained with its body, is kept in the store (``fedproto_head`
 evaluates the client's own model instead. Before any global prototype exists (round 0) a client evaluates its
 own model either way.
 
-Departures: the paper's global prototype weights each client's C_i^{(j)} by |D_{i,j}|; plfl takes the plain mean
+Departures: the paper's global prototype weights each client's C_i^{(j)} by n_{i,j}; plfl takes the plain mean
 over clients, as PFLlib's serverproto.py and the authors' code do. The local prototypes are the features of all
 the round's training steps (every epoch's), as PFLlib's clientproto.py collects them (the authors' code keeps
 the last epoch's). PFLlib reports 0 % accuracy before the first aggregation (no prototype to classify with),

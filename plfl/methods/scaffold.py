@@ -30,7 +30,7 @@ took (PFLlib: its loader's batches × epochs), the means over S are unweighted, 
 (PFLlib's ``-slr``). Departures:
 
 - PFLlib divides :math:`\sum \Delta y_i` by the number of clients it meant to sample (``num_join_clients``);
-  plfl by the number that uploaded, |S| (the two agree unless a client fails);
+  plfl by the number that uploaded, the size of S (the two agree unless a client fails);
 - plfl trains on the incomplete last batch that PFLlib drops (every method's batch order, :mod:`plfl.batches`),
   and it counts in K; a client that took no step (no batch) uploads :math:`\Delta c_i = 0`;
 - buffers (BatchNorm's running statistics, ``model.batch_norm``) are not corrected and have no control variate:
