@@ -5,7 +5,8 @@ No model leaves a client: clients and server exchange class prototypes, the mean
 With f_i(x) the body's output (the features the classifier head reads) of client i's model, D_{i,j} its
 training samples of class j and C̄^{(j)} the global prototype of class j:
 
-- local prototype: C_i^{(j)} = (1/n_{i,j}) Σ_{(x, y) ∈ D_{i,j}} f_i(x), n_{i,j} the size of D_{i,j}  (the paper's local prototype, Alg. 1);
+- local prototype: C_i^{(j)} = (1/n_{i,j}) Σ_{(x, y) ∈ D_{i,j}} f_i(x), n_{i,j} the size of D_{i,j} (the paper's
+  local prototype, Alg. 1);
 - global prototype: C̄^{(j)} = the mean of C_i^{(j)} over the clients i that uploaded one for class j
   (:func:`~plfl.methods.prototypes.aggregate_prototypes`);
 - local loss (the paper's local objective): CE(x, y) + λ R, with R the mean squared distance of f_i(x) to
