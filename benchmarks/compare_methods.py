@@ -1,6 +1,6 @@
 """Every method on one federation with the same settings; prints a Markdown table.
 
-    python benchmarks/compare_methods.py [--rounds 10] [--methods fedavg fedala ...]
+    python benchmarks/compare_methods.py [key=value ...] [--rounds 10] [--methods fedavg fedala ...]
 
 Each method runs from its ``configs/<method>.yaml`` (data, model, method
 keys) with the federation settings below overriding the config's, so all
@@ -13,7 +13,8 @@ epochs of batch 32 become 1 epoch of batch 10. A method whose run in ``--output-
 ``--rounds`` is not run again; figures are read from its metrics.csv up to
 ``--rounds``: final and best accuracy (%), the global model's final accuracy
 where the method has one, mean seconds per training round (rounds 1..R) and
-megabytes sent/received per round.
+megabytes sent/received per round. ``key=value`` overrides apply to every run
+after the common settings (e.g. ``federation.executor=vectorized trainer.accelerator=gpu``).
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ def completed_rows(run_root: Path, rounds: int) -> list[dict[str, str]] | None:
     return None
 
 
-def run(method: str, rounds: int, output_dir: Path) -> None:
-    overrides = [f"federation.{k}={v}" for k, v in FEDERATION.items()] + METHOD_KEYS.get(method, [])
-    # The plfl script installed beside this interpreter, activated or not.
+def run(method: str, rounds: int, output_dir: Path, extra: list[str]) -> None:
+    overrides = [f"federation.{k}={v}" for k, v in FEDERATION.items()] + METHOD_KEYS.get(method, []) + extra
+    # This interpreter's plfl, installed or only importable (e.g. from the repository root).
     command = [
-        str(Path(sys.executable).parent / "plfl"),
+        sys.executable,
+        "-m",
+        "plfl",
         "fit",
         "--config",
         f"configs/{method}.yaml",
@@ -114,13 +117,14 @@ def main() -> None:
     names = list(methods())
     parser.add_argument("--methods", nargs="+", default=names, choices=names)
     parser.add_argument("--output-dir", type=Path, default=Path("runs/compare"))
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every run")
     args = parser.parse_args()
     results = {}
     for method in args.methods:
         if completed_rows(args.output_dir / method, args.rounds) is None:
-            run(method, args.rounds, args.output_dir)
+            run(method, args.rounds, args.output_dir, args.overrides)
         results[method] = completed_rows(args.output_dir / method, args.rounds)
-    print(f"Rounds: {args.rounds}; federation: {FEDERATION}; method keys: {METHOD_KEYS}")
+    print(f"Rounds: {args.rounds}; federation: {FEDERATION}; method keys: {METHOD_KEYS}; overrides: {args.overrides}")
     print(
         "| method | final acc. | best acc. (round) | global model acc. | s/round | MB sent/round | MB received/round |"
     )
