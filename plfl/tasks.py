@@ -135,6 +135,12 @@ class Step:
         raise NotImplementedError
 
 
+def prefixed(params: Params, part: str) -> Params:
+    """``params`` under the names ``<part>/<name>``: one model's entries in a step's state that carries
+    several models (e.g. APFL's w and v)."""
+    return {f"{part}/{k}": v for k, v in params.items()}
+
+
 @dataclass(frozen=True, eq=False)
 class StepTask:
     """Client ``client_id`` runs ``step`` on its training batches: ``state`` through every batch in turn.

@@ -60,6 +60,7 @@ from plfl.tasks import (
     Work,
     masked_cross_entropy,
     non_finite,
+    prefixed,
     sample_count,
 )
 
@@ -165,11 +166,6 @@ class APFLStep(Step):
             ALPHA: alpha,
         }
         return StepOutput(new_state, value, sample_count(batch))
-
-
-def prefixed(params: Params, part: str) -> Params:
-    """``params`` under the names ``<part>/<name>``."""
-    return {f"{part}/{k}": v for k, v in params.items()}
 
 
 def model_of(state: Params, part: str) -> Params:

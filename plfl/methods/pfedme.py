@@ -43,6 +43,7 @@ from plfl.tasks import (
     TrainResult,
     Work,
     masked_cross_entropy,
+    prefixed,
     sample_count,
 )
 
@@ -128,11 +129,6 @@ class PFedMeStep(Step):
         theta, mean, buffers = inner_solution(grad_fn, theta, w, buffers, self.lam, self.personal_lr, self.k)
         w = local_update(w, theta, self.lam, self.lr)
         return StepOutput({**buffers, **prefixed(theta, "theta"), **prefixed(w, "w")}, mean, sample_count(batch))
-
-
-def prefixed(params: Params, part: str) -> Params:
-    """``params`` under the names ``<part>/<name>``."""
-    return {f"{part}/{k}": v for k, v in params.items()}
 
 
 def model_of(state: Params, part: str, keys: list[str]) -> Params:
