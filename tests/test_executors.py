@@ -216,6 +216,7 @@ def fake_cuda(monkeypatch, graph) -> None:
         "stream": lambda s: contextlib.nullcontext(),
         "CUDAGraph": NoOpGraph,
         "graph": graph,
+        "empty_cache": lambda: None,
     }.items():
         monkeypatch.setattr(torch.cuda, name, fake)
 
@@ -249,6 +250,56 @@ def test_a_graph_that_replays_wrongly_is_dropped_before_it_trains_anyone(monkeyp
         steps("add", lambda: counter.add_(1.0), lambda: [counter])
     steps("add", lambda: counter.add_(1.0), lambda: [counter])
     assert counter.item() == 2.0 and not steps.capture
+
+
+class RecordingGraph:
+    """A fake CUDA graph whose replay runs again the steps called during its capture."""
+
+    capturing: "RecordingGraph | None" = None
+
+    def __init__(self):
+        self.steps = []
+
+    def replay(self):
+        for step in self.steps:
+            step()
+
+
+def test_steps_recorded_after_clear_go_to_a_new_memory_pool(monkeypatch):
+    """A capture into the pool of graphs that clear() destroyed fails PyTorch's allocator assert
+    (use_count > 0), so clear() takes a new pool handle for the next captures."""
+    pools = []
+
+    @contextlib.contextmanager
+    def capture(graph, pool):
+        pools.append(pool)
+        RecordingGraph.capturing = graph
+        yield
+        RecordingGraph.capturing = None
+
+    fake_cuda(monkeypatch, capture)
+    handles = iter(range(1, 10))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: next(handles))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", RecordingGraph)
+    counter = torch.zeros(())
+
+    def add(amount):
+        def step():
+            counter.add_(amount)
+            if RecordingGraph.capturing is not None:
+                RecordingGraph.capturing.steps.append(step)
+
+        return step
+
+    steps = StepGraphs(capture=True, warmup=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        steps("a", add(1.0), lambda: [counter])
+        steps("a", add(1.0), lambda: [counter])
+        steps.clear()
+        steps("b", add(10.0), lambda: [counter])
+    assert pools == [1, 2] and steps.capture
+    assert counter.item() == 1.0 + 1.0 + 10.0  # warm-ups and checks undone; each call one step
 
 
 @pytest.mark.parametrize("batch_norm", [False, True])

@@ -43,8 +43,16 @@ class StepGraphs:
         replay()
 
     def clear(self) -> None:
-        """Forget every recorded step (the tensors they read or write were replaced)."""
+        """Forget every recorded step (the tensors they read or write were replaced), and their memory pool.
+
+        Later captures go to a new pool: PyTorch's allocator keeps a pool whose graphs are all destroyed until
+        its memory is released, and a capture into it fails an internal assert (``use_count > 0``,
+        CUDACachingAllocator's ``create_or_incref_pool``). Emptying the cache releases the old pool's memory.
+        """
         self.replays.clear()
+        if self.capture:
+            torch.cuda.empty_cache()
+            self.pool = torch.cuda.graph_pool_handle()
 
     def _record(self, step: LockStep, mutated: list[torch.Tensor]) -> LockStep:
         if not self.capture and not self.warmup:
