@@ -25,7 +25,8 @@ Prints a Markdown table: round, plfl and PFLlib in % (mean ± sample std over se
 percentage points; then the largest |gap| from ``--from-round`` on (earlier rounds are dominated by each
 side's own random initial model and batch order) and exits with status 1 when it exceeds
 ``--tolerance``. ``DIR/parity.csv`` keeps the table. A side whose finished output in ``DIR`` was run with
-the same settings is read, not run again; both sides run at once, each with half the CPU cores.
+the same settings is read, not run again; both sides run at once, each with half the idle CPUs this process may
+use (its affinity mask, e.g. ``taskset``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from typing import Callable, Optional
 from omegaconf import DictConfig, OmegaConf
 
 from plfl.config import load_config
+from plfl.cpus import default_threads
 from plfl.errors import PlflError
 from plfl.report.runs import read_report_run
 
@@ -458,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_missing(sides: list[Side]) -> None:
     missing = [side for side in sides if side.accuracies() is None]
-    threads = max(1, (os.cpu_count() or 2) // max(1, len(missing)))
+    threads = max(1, default_threads() // max(1, len(missing)))  # the idle CPUs this process may use
     for side in missing:
         print(f"running: {' '.join(side.command)}\n  (log: {side.log})", flush=True)
     running = [(side, side.start(threads)) for side in missing]
