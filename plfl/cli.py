@@ -317,7 +317,3 @@ def _fail(args: argparse.Namespace, message: str, status: int) -> int:
         traceback.print_exc()
     print(message, file=sys.stderr)
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

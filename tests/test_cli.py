@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def plfl(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env_cmd = [sys.executable, "-m", "plfl.cli", *args]
+    env_cmd = [sys.executable, "-m", "plfl", *args]
     return subprocess.run(
         env_cmd,
         cwd=cwd,

@@ -85,7 +85,7 @@ def environment(**extra: str) -> dict[str, str]:
 
 def plfl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "plfl.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
+        [sys.executable, "-m", "plfl", *args], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env
     )
 
 
@@ -317,7 +317,7 @@ def test_a_stopped_parallel_sweep_continues_its_running_trials_with_their_parame
 @pytest.mark.slow
 def test_ctrl_c_stops_the_run_and_the_ray_it_started(tmp_path):
     ray_dir = tempfile.mkdtemp(prefix="plfl-ray-")
-    args = [sys.executable, "-m", "plfl.cli", "fit", "--config", str(tiny_config(tmp_path, 200)), "ray.num_actors=1"]
+    args = [sys.executable, "-m", "plfl", "fit", "--config", str(tiny_config(tmp_path, 200)), "ray.num_actors=1"]
     # A shell's background job inherits an ignored SIGINT, and Python then never raises KeyboardInterrupt: undo it.
     process = subprocess.Popen(
         args,

@@ -46,7 +46,7 @@ FEDALA_OPTIONS = "  s: 80\n  p: 2\n"
 
 
 def plfl(*args: str, killed_in: tuple[int, int] | None = None) -> subprocess.CompletedProcess:
-    command = ["-c", KILLED_IN_ROUND, *map(str, killed_in)] if killed_in else ["-m", "plfl.cli"]
+    command = ["-c", KILLED_IN_ROUND, *map(str, killed_in)] if killed_in else ["-m", "plfl"]
     return subprocess.run(
         [sys.executable, *command, *args],
         cwd=ROOT,

@@ -44,7 +44,7 @@ def config(tmp_path: Path, executor: str = "sequential") -> Path:
 
 def plfl(*args: str, cwd: Path = ROOT) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "plfl.cli", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "plfl", *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
 
@@ -140,7 +140,7 @@ def test_a_sweep_stops_on_a_signal_and_its_next_invocation_continues_the_trial(t
         "the stopped trials first."
     )
     again = subprocess.run(
-        [sys.executable, "-m", "plfl.cli", "sweep", "sweep.yaml"],
+        [sys.executable, "-m", "plfl", "sweep", "sweep.yaml"],
         cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert again.returncode == 0, again.stderr
