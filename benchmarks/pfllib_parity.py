@@ -174,7 +174,8 @@ METHODS = {
     "fedpac": Pairing(
         "FedPAC",
         (Flag("lamda", "method.lam"),),
-        note="PFLlib's feature statistics and prototypes leave out each client's last incomplete batch",
+        note="PFLlib's feature statistics and prototypes leave out each client's last incomplete batch; its server "
+        "combines heads into the uploaded modules themselves, so later clients combine partly combined heads",
     ),
     "fedproto": Pairing(
         "FedProto",

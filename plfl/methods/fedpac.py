@@ -57,7 +57,9 @@ batch of a shuffled pass, takes the class shares p_k from another such pass and 
 it collects prototypes in eval mode, which only matters with BatchNorm or dropout); PFLlib projects P onto its
 eigenvalues ≥ 0.01 when a rounding error makes it indefinite (P is positive semi-definite by construction),
 which plfl does not; PFLlib's fallback takes the head of the uploader at the client's id's position
-(``uploaded_heads[cid]``), plfl the client's own. The body steps are plain SGD (``federation.momentum`` must
+(``uploaded_heads[cid]``), plfl the client's own; PFLlib's uploads are the clients' head modules themselves,
+into which its loop sets each combined head in turn, so a later client combines heads already combined for
+earlier ones, where plfl combines the heads as trained. The body steps are plain SGD (``federation.momentum`` must
 be 0) without ``data.augment``; the reported loss is the cross-entropy of both trainings.
 """
 
