@@ -24,7 +24,6 @@ from plfl.executors.lockstep import MaskedBatchNorm, masked, masked_batch_norms
 from plfl.executors.options import ClientWorkOptions, Vectorized
 from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
-from plfl.methods import methods
 from plfl.methods.ala import ALAConfig, local_aggregation
 from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig
 from plfl.models import build_model
@@ -81,24 +80,6 @@ def run(digits_config, executor, **options):
     return rounds, clients, [client["model"] for client in store]
 
 
-@pytest.mark.parametrize("method", every_method())
-def test_vectorized_runs_every_method_as_sequential(tmp_path, sequential_results, method):
-    """Every method's training, own steps and evaluation in lock-step (5 clients in cohorts of 3 and 2): the
-    sequential executor's accuracies (to 4 decimals) and final models (to 1e-5), with no fallback."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
-        run_dir, _ = run_experiment(matrix_config(tmp_path, method, "vectorized", **{"vectorized.cohort_size": 3}))
-    metrics, clients, models = run_results(run_dir)
-    expected_metrics, expected_clients, expected_models = sequential_results(method)
-    for rows, expected in ((metrics, expected_metrics), (clients, expected_clients)):
-        accuracy = [round(float(row["accuracy"]), 4) for row in rows if row["accuracy"]]
-        assert accuracy == [round(float(row["accuracy"]), 4) for row in expected if row["accuracy"]]
-    for one, other in zip(models, expected_models):
-        assert one.keys() == other.keys()
-        for key in one:
-            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
-
-
 class Shipped:
     """``executor`` behind a pickle round trip of every call's tasks and results, as the Ray executor sends tasks
     to its actors and gets their results back (classes by reference: a method's steps must be importable)."""
@@ -113,20 +94,24 @@ class Shipped:
         return lambda tasks: pickle.loads(pickle.dumps(run(pickle.loads(pickle.dumps(tasks)))))
 
 
-@pytest.mark.slow  # with the Ray executor's runs, in the slow tier
-@pytest.mark.parametrize("method", sorted(methods()))
-def test_every_methods_tasks_and_results_travel_to_a_ray_actor_unchanged(
-    tmp_path, sequential_results, monkeypatch, method
-):
-    """Every method with its tasks and results pickled on the way to and from the executor: the same metrics
-    and final models, bit for bit (tests/test_ray.py runs each kind of client work on real Ray actors)."""
+@pytest.mark.parametrize("method", every_method())
+def test_vectorized_runs_every_method_as_sequential(tmp_path, sequential_results, monkeypatch, method):
+    """Every method's training, own steps and evaluation in lock-step (5 clients in cohorts of 3 and 2), its
+    tasks and results pickled on the way to and from the executor as the Ray executor ships them: the
+    sequential executor's accuracies (to 4 decimals) and final models (to 1e-5), with no fallback."""
     monkeypatch.setattr(experiment, "build_executor", lambda *args: Shipped(build_executor(*args)))
-    run_dir, _ = run_experiment(matrix_config(tmp_path, method, "sequential"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
+        run_dir, _ = run_experiment(matrix_config(tmp_path, method, "vectorized", **{"vectorized.cohort_size": 3}))
     metrics, clients, models = run_results(run_dir)
     expected_metrics, expected_clients, expected_models = sequential_results(method)
-    assert (metrics, clients) == (expected_metrics, expected_clients)
-    for one, other in zip(models, expected_models, strict=True):
-        assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
+    for rows, expected in ((metrics, expected_metrics), (clients, expected_clients)):
+        accuracy = [round(float(row["accuracy"]), 4) for row in rows if row["accuracy"]]
+        assert accuracy == [round(float(row["accuracy"]), 4) for row in expected if row["accuracy"]]
+    for one, other in zip(models, expected_models):
+        assert one.keys() == other.keys()
+        for key in one:
+            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
 
 
 def test_batch_order_is_local_trainers_across_fits_and_epochs(tiny_federation, monkeypatch):

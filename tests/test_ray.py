@@ -149,8 +149,8 @@ def local_ray(tmp_path_factory):
 def test_ray_runs_methods_as_sequential(local_ray, tmp_path, sequential_results, monkeypatch, method):
     """Each kind of client work (plain and momentum SGD, a method's steps on features an epoch at a time, bi-level
     steps, evaluation) on 2 Ray actors: the sequential executor's metrics, per-client results and final models,
-    bit for bit; the data go into the object store once per run. That every method's tasks and results travel
-    to and from an actor unchanged is tested without Ray (tests/test_executors.py)."""
+    bit for bit; the data go into the object store once per run. Every method's tasks and results pickled as an
+    actor's are tested without Ray, with the vectorized executor's matrix (tests/test_executors.py)."""
     puts = []
     put = ray.put
     monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(type(value)) or put(value, **kw))
