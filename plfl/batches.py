@@ -6,7 +6,7 @@ Local training visits a client's n training samples epoch by epoch, each epoch i
 of one sample (torch raises: a batch statistic needs two values per channel), so with BatchNorm ``min_last``
 is 2 (:func:`smallest_batch`), a different sample left out every epoch; a step that splits each batch into
 sub-batches needs that many in each (:func:`last_batch_minimum`). PFLlib drops every incomplete last batch
-instead.
+instead; ``federation.drop_last`` does the same.
 
 Lightning's loop (:class:`plfl.client.LocalTrainer`) takes the order through :func:`batch_loader`; the
 executors' own loops (per-batch steps, the vectorized executor) through :func:`training_rows`, a table of
@@ -37,10 +37,13 @@ def smallest_batch(batch_norm: bool) -> int:
     return 2 if batch_norm else 1
 
 
-def last_batch_minimum(batch_size: int, batch_norm: bool, sub_batches: int = 1) -> int:
-    """The fewest samples a last batch must hold to be trained on, when a step splits each batch into
-    ``sub_batches`` sub-batches of ``batch_size // sub_batches`` (the last takes the rest): enough for each of
-    them to get :func:`smallest_batch` samples."""
+def last_batch_minimum(batch_size: int, batch_norm: bool, sub_batches: int = 1, drop_last: bool = False) -> int:
+    """The fewest samples a last batch must hold to be trained on: ``batch_size`` with ``drop_last`` (only full
+    batches, PFLlib's rule); else, when a step splits each batch into ``sub_batches`` sub-batches of
+    ``batch_size // sub_batches`` (the last takes the rest), enough for each of them to get
+    :func:`smallest_batch` samples."""
+    if drop_last:
+        return batch_size
     return (sub_batches - 1) * (batch_size // sub_batches) + smallest_batch(batch_norm)
 
 

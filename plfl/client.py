@@ -21,7 +21,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
 from plfl.activity import current as activity
-from plfl.batches import EVAL_BATCH_SIZE, batch_loader, has_batch_norm, smallest_batch
+from plfl.batches import EVAL_BATCH_SIZE, batch_loader, has_batch_norm, last_batch_minimum
 from plfl.models import channels_last
 from plfl.seeding import derive_seed
 from plfl.state import Params
@@ -163,11 +163,11 @@ class LocalTrainer:
     batches are the one batch order of :mod:`plfl.batches`, BatchNorm rule included.
     """
 
-    def __init__(self, module: ClientModule, trainer: L.Trainer, batch_size: int):
+    def __init__(self, module: ClientModule, trainer: L.Trainer, batch_size: int, drop_last: bool = False):
         self.module = module
         self.trainer = trainer
         self.batch_size = batch_size
-        self.min_last = smallest_batch(has_batch_norm(module.model))
+        self.min_last = last_batch_minimum(batch_size, has_batch_norm(module.model), drop_last=drop_last)
 
     def train(
         self,

@@ -14,8 +14,8 @@ from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
 from plfl.config import ExperimentConfig
 from plfl.cpus import use_torch_threads
-from plfl.data import load_federated_data
-from plfl.errors import PlflError
+from plfl.data import FederatedData, load_federated_data
+from plfl.errors import ConfigError, PlflError
 from plfl.executors import build_executor
 from plfl.federation import FederationLoop
 from plfl.methods import build_method
@@ -62,6 +62,8 @@ def run_experiment(
     cfg = OmegaConf.merge(cfg, {"federation": {"threads": threads}})
     L.seed_everything(config.federation.seed, verbose=False)
     data = load_federated_data(config.data, config.federation.seed)
+    if config.federation.drop_last:
+        require_full_batches(data, config.federation.batch_size)
     model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     store = ClientStateStore(len(data.clients))
@@ -83,6 +85,19 @@ def run_experiment(
     finally:
         context.store.close()  # the offload files: the checkpoints hold what a resumed run needs
         executor.close()
+
+
+def require_full_batches(data: FederatedData, batch_size: int) -> None:
+    """Raises ConfigError when a client holds fewer training samples than ``batch_size``: with
+    ``federation.drop_last`` it would have no batch to train on."""
+    short = [(i, c.num_train) for i, c in enumerate(data.clients) if c.num_train < batch_size]
+    if short:
+        client, n = short[0]
+        raise ConfigError(
+            f"federation.drop_last=true leaves {len(short)} client(s) without a full batch of "
+            f"federation.batch_size={batch_size} (client {client} holds {n} training samples). Lower "
+            f"federation.batch_size to {min(n for _, n in short)} or set federation.drop_last=false."
+        )
 
 
 def build_callbacks(cfg: DictConfig, state: Callable[[], dict[str, Any]]) -> list[FederationCallback]:

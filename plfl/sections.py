@@ -23,6 +23,11 @@ class FederationConfig:
     )
     local_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1", "local epochs per round")
     batch_size: int = checked(10, lambda v: v >= 1, "an integer >= 1", "mini-batch size of local training")
+    drop_last: bool = documented(
+        False,
+        "leave out each local epoch's incomplete last batch, as PFLlib's loaders do (false: train on it, unless "
+        "it is a single sample and the model has BatchNorm layers)",
+    )
     lr: float = checked(0.005, lambda v: v > 0, "a number > 0", "SGD learning rate of local training")
     momentum: float = checked(
         0.0,

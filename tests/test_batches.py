@@ -29,6 +29,7 @@ def test_training_rows_are_each_epochs_order_in_batches_with_a_short_last_batch_
 def test_a_last_batch_shorter_than_the_minimum_is_left_out():
     assert last_batch_minimum(5, batch_norm=False) == 1 and last_batch_minimum(5, batch_norm=True) == 2
     assert last_batch_minimum(10, batch_norm=True, sub_batches=2) == 7  # D of 5 and D' of at least 2
+    assert last_batch_minimum(10, batch_norm=True, sub_batches=2, drop_last=True) == 10  # full batches only
     assert epoch_size(11, 5, 2) == 10 and epoch_size(12, 5, 2) == 12 and epoch_size(16, 10, 7) == 10
     rows = training_rows(11, 5, seed=0, epochs=1, min_last=2)
     assert rows.shape == (2, 5) and (rows >= 0).all()  # the 11th sample, a batch of one, is left out

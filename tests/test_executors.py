@@ -25,6 +25,7 @@ from plfl.executors.options import ClientWorkOptions, Vectorized
 from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
 from plfl.methods.ala import ALAConfig, local_aggregation
+from plfl.methods.moon import MOON, MOONConfig
 from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig
 from plfl.models import build_model
 from plfl.sections import FederationConfig, TrainerConfig
@@ -528,6 +529,33 @@ def test_vectorized_ala_learns_the_weights_of_sequential_ala(tiny_federation, p,
         assert one.keys() == other.keys()
         for key in one:
             torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+
+
+def test_drop_last_trains_on_full_batches_only_in_both_executors_and_in_a_methods_step(tiny_federation):
+    """federation.drop_last (PFLlib's loaders): clients of 10, 20, 30 and 40 samples in batches of 7 train on 7,
+    14, 28 and 35 a local epoch (without it on all of them), by local training and by MOON's step, on the
+    sequential and the vectorized executor alike."""
+    full = [7, 14, 28, 35]
+    for drop_last, per_epoch in ((True, full), (False, [10, 20, 30, 40])):
+        context, model = make_context(tiny_federation, batch_size=7, drop_last=drop_last)
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        moon = MOON(MOONConfig(), context, start)
+        trains = [TrainTask(i, start, seed=i, epochs=2) for i in range(4)]
+        steps = [next(moon.local_train(i, start, start, 1)) for i in range(4)]
+        trained = [executor.train(trains) for executor in (sequential(context), vectorized(context))]
+        stepped = [executor.step(steps) for executor in (sequential(context), vectorized(context))]
+        for field, (one, other) in (("params", trained), ("state", stepped)):
+            for a, b in zip(one, other):
+                assert a.samples_seen == b.samples_seen
+                for key, value in getattr(a, field).items():
+                    torch.testing.assert_close(value, getattr(b, field)[key], atol=1e-5, rtol=0)
+        assert [r.samples_seen for r in trained[0]] == [2 * n for n in per_epoch]
+        assert [r.samples_seen for r in stepped[0]] == per_epoch
+
+
+def test_drop_last_refuses_a_client_smaller_than_a_batch(digits_config):
+    with pytest.raises(ConfigError, match=r"federation.drop_last=true leaves \d+ client\(s\) without a full batch"):
+        run_experiment(digits_config(**{"federation.drop_last": True, "federation.batch_size": 1000}))
 
 
 def test_a_client_without_a_batch_takes_no_step_on_either_executor():

@@ -68,7 +68,7 @@ class SequentialExecutor:
             train_transform=augmentation(work.augment, data),
         )
         trainer = build_trainer(options.accelerator, devices or options.devices, options.precision)
-        return cls(data, LocalTrainer(module, trainer, federation.batch_size))
+        return cls(data, LocalTrainer(module, trainer, federation.batch_size, federation.drop_last))
 
     def train(self, tasks: list[TrainTask]) -> list[TrainResult | ClientFailure]:
         activity.start_work("training", len(tasks))

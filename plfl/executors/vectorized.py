@@ -91,14 +91,14 @@ class VectorizedExecutor:
         self.data, self.device, self.cohort_size = data, device, options.cohort_size
         self.fallback = fallback
         self.batch_size, self.lr, self.momentum = federation.batch_size, federation.lr, federation.momentum
-        self.min_last = last_batch_minimum(self.batch_size, has_batch_norm(architecture))
+        self.batch_norm = has_batch_norm(architecture)
+        self.min_last = last_batch_minimum(self.batch_size, self.batch_norm, drop_last=federation.drop_last)
         # The architecture (states come with the tasks), its BatchNorm layers masked for padded batches.
         self.model = with_masked_batch_norms(copy.deepcopy(architecture)).to(device)
         self.norms = masked_batch_norms(self.model)
         self.cohort: Optional[CohortState] = None  # grown to the largest cohort (_cohort_state)
         self.graphs = StepGraphs(capture=options.cuda_graphs and device.type == "cuda")
         self.stacked_steps = StackedSteps(FunctionalNetwork(self.model, device), self.graphs)
-        self.batch_norm = has_batch_norm(architecture)
         self.eval_reason = unsupported(architecture, precision)
         augmented = "data.augment draws random crops and flips" if augment else None
         self.train_reason = self.eval_reason or augmented

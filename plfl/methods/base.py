@@ -154,10 +154,12 @@ class Method:
     ) -> StepTask:
         """``step`` on the client's training batches from ``state``, their order drawn from (seed, round, client,
         the stream named ``stream``), in batches of ``federation.batch_size`` for ``federation.local_epochs``
-        epochs unless ``options`` say otherwise (see :class:`plfl.tasks.StepTask`). A hook yields it and receives
-        its StepResult."""
+        epochs unless ``options`` say otherwise (see :class:`plfl.tasks.StepTask`); with ``federation.drop_last``
+        only full batches. A hook yields it and receives its StepResult."""
         federation = self.context.federation
         options = {"batch_size": federation.batch_size, **options}
+        if federation.drop_last:
+            options["min_last_batch"] = options["batch_size"]
         if "steps" not in options:
             options.setdefault("epochs", federation.local_epochs)
         return StepTask(client_id, step, state, derive_seed(self.seed, round_, client_id, stream), **options)
