@@ -367,6 +367,34 @@ def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
         assert all(torch.equal(once.state[k], warmed.state[k]) for k in once.state)
 
 
+def test_steps_of_two_layouts_in_turn_are_each_recorded_once(tiny_federation, monkeypatch):
+    """A method with steps of two layouts each round (FedPAC's head and body; here ALA's and MOON's) keeps a state
+    per layout: the second round records nothing and gives the first round's results."""
+    context, model = make_context(tiny_federation)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    anchor = {k: v + 0.1 for k, v in start.items()}
+    moon = MOON(MOONConfig(), context, start)
+    layouts = [
+        ala_tasks(context, ALAConfig(s=80, p=2, max_init_epochs=2), [anchor] * 4, [start] * 4),
+        [next(moon.local_train(i, start, anchor, 1)) for i in range(4)],
+    ]
+    executor = vectorized(context)
+    executor.graphs = executor.stacked_steps.graphs = StepGraphs(capture=False, warmup=1)
+    recorded = []
+    record = executor.graphs._record
+    monkeypatch.setattr(executor.graphs, "_record", lambda *args: recorded.append(1) or record(*args))
+    rounds = []
+    for _ in range(2):
+        rounds.append([executor.step(tasks) for tasks in layouts])
+        rounds[-1].append(len(recorded))
+    (*first, recorded_first), (*second, recorded_second) = rounds
+    assert recorded_first > 0 and recorded_second == recorded_first
+    for results, again in zip(first, second):
+        for one, other in zip(results, again):
+            assert one.epoch_losses == other.epoch_losses
+            assert all(torch.equal(one.state[k], other.state[k]) for k in one.state)
+
+
 # Ops that read a tensor's value on the host (item, bool, nonzero's size, ...): on a GPU each waits for the
 # device, which CUDA forbids while it captures a graph.
 SYNCHRONISING = {

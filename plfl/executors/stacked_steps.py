@@ -5,14 +5,15 @@ step on its own batches in its own order, and each lock-step step updates every 
 (``vmap`` of the method's step over the clients' states). Local epochs run one after another, each ending with
 one synchronisation (every client's last batch loss). An epoch's running clients sit in the first rows of
 :class:`StepState`, whose tensors outlive the cohort, so that a step is recorded once per number of active
-clients and replayed (a CUDA graph on a CUDA device, :mod:`plfl.executors.step_graphs`). Tensors that all of a
-cohort's tasks share (the very same tensors under the same names) are kept once, not per client.
+clients and replayed (a CUDA graph on a CUDA device, :mod:`plfl.executors.step_graphs`). There is one
+StepState per layout of tasks (:func:`layout`), so a method that runs steps of several layouts each round
+(FedPAC's head and body steps) records each step once, not once per round. Tensors that all of a cohort's tasks
+share (the very same tensors under the same names) are kept once, not per client.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Optional
 
 import torch
 from torch.func import vmap
@@ -90,9 +91,13 @@ def layout(task: StepTask, common: bool, sample: torch.Tensor, width: int) -> tu
 class StackedSteps:
     """Step tasks for cohorts of clients on ``network``'s device, steps recorded and replayed by ``graphs``."""
 
+    # Steps of more layouts than this (a method's step kinds, with and without a common shared part) drop the
+    # states kept so far: each holds a copy of the model per client.
+    max_layouts = 4
+
     def __init__(self, network: FunctionalNetwork, graphs: StepGraphs):
         self.network, self.graphs = network, graphs
-        self.state: Optional[StepState] = None
+        self.states: dict[tuple, StepState] = {}
 
     def __call__(
         self, split: Split, offsets: list[int], tasks: list[StepTask], rows: list[list[torch.Tensor]]
@@ -147,7 +152,7 @@ class StackedSteps:
             state.x[:k].copy_(split.x[index[s, :k]])
             state.y[:k].copy_(split.y[index[s, :k]])
             state.mask[:k].copy_(mask[s, :k])
-            key = ("step", step, common, index.shape[-1], k)
+            key = ("step", state.layout, step, k)
             self.graphs(key, partial(self._step, state, step, common, k), partial(state.mutated, k))
 
     def _step(self, state: StepState, step: Step, common: bool, k: int) -> None:
@@ -172,10 +177,15 @@ class StackedSteps:
         state.weight[:k] += samples
 
     def _state(self, task: StepTask, common: bool, sample: torch.Tensor, capacity: int, width: int) -> StepState:
-        """The persistent state, replaced (and the recorded steps forgotten) when it cannot serve the cohort."""
-        state = self.state
-        if state is None or state.layout != layout(task, common, sample, width) or state.capacity < capacity:
+        """The persistent state of the task's layout; a new one when there is none of that layout yet, and when
+        the one there has fewer rows than ``capacity`` or the layouts are too many, all states replaced and the
+        recorded steps (which read them) forgotten."""
+        key = layout(task, common, sample, width)
+        state = self.states.get(key)
+        if state is not None and state.capacity >= capacity:
+            return state
+        if state is not None or len(self.states) == self.max_layouts:
             self.graphs.clear()
-            self.state = None  # the old tensors go before the new ones come
-            self.state = StepState(task, common, sample, capacity, width, self.network.device)
-        return self.state
+            self.states.clear()  # the old tensors go before the new ones come
+        state = self.states[key] = StepState(task, common, sample, capacity, width, self.network.device)
+        return state
