@@ -9,7 +9,8 @@ the same federation: ``--data``, a folder in PFLlib's format (``train/`` and ``t
 per client; default the FedALA MNIST Dir(0.1) federation in ``../shared/data``). Both use plfl's 4-layer
 CNN (PFLlib's ``FedAvgCNN``), and PFLlib gets every setting from plfl's resolved config: batch size, lr,
 local epochs, join ratio, rounds and the method's own keys (``METHODS``; ``--mapping`` prints the
-table). ``key=value`` overrides change plfl's config and so both sides.
+table). ``key=value`` overrides change plfl's config and so both sides. PFLlib drops each client's incomplete
+last batch; plfl trains on it unless ``federation.drop_last=true`` is given.
 
 Both report the accuracy of each client's evaluated model on its own test split, pooled over all test
 samples (PFLlib's "Averaged Test Accuracy"), after r rounds, before the next local training. PFLlib's
