@@ -19,8 +19,9 @@ evaluates each client's model right after its local training, so its round r is 
 (Ditto's server prints its global model's accuracy, then the personal models', which are compared). Seeds:
 plfl runs ``federation.seed`` 0..K−1; PFLlib runs ``--times K`` in one process, or, when some of its runs
 are already in ``DIR``, only the missing ones in a new process (``pfllib-2.log``, …). PFLlib seeds torch
-with 0 when its process starts (each process's first run starts from plfl's seed-0 CNN) but not NumPy,
-which orders its clients each round, so its batch orders and accuracies differ from run to run.
+with 0 when its process starts and again as it creates each client, so each process's first run starts from
+plfl's seed-0 CNN and all its later runs from one other CNN; it does not seed NumPy, which orders its clients
+each round, so its batch orders and accuracies differ from run to run.
 
 Prints a Markdown table: round, plfl and PFLlib in % (mean ± sample std over seeds), plfl − PFLlib in
 percentage points; then the largest |gap| from ``--from-round`` on (earlier rounds are dominated by each
@@ -370,13 +371,15 @@ class PlflSide(Side):
         return [{r: 100 * v for r, v in zip(*read_report_run(run).series(self.column))} for run in runs]
 
     def _run_dir(self, seed: int) -> Optional[Path]:
-        """The newest completed run of ``seed`` with this config's data, model, method and federation."""
+        """The newest completed run of ``seed`` with this config's data, model, method and federation (a key that
+        a run's config.yaml lacks, one added to plfl after it, counts as its default)."""
         sections = ("data", "model", "method", "federation")
         wanted = {s: OmegaConf.to_container(self.cfg[s]) for s in sections}
         wanted["federation"]["seed"] = seed
         wanted["federation"].pop("threads", None)  # each run records the thread count it chose
         for summary in sorted((self.out / f"seed{seed}").glob("*/summary.json"), reverse=True):
-            saved = {s: OmegaConf.to_container(OmegaConf.load(summary.parent / "config.yaml")[s]) for s in sections}
+            config = load_config(summary.parent / "config.yaml")
+            saved = {s: OmegaConf.to_container(config[s]) for s in sections}
             saved["federation"].pop("threads", None)
             if saved == wanted and read_report_run(summary.parent).status == "completed":
                 return summary.parent

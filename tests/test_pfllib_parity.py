@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from plfl.errors import PlflError
+from plfl.experiment import run_experiment
 
 from conftest import load_script, run_main
 
@@ -189,6 +191,22 @@ def test_an_evaluation_after_the_last_round_is_awaited_and_left_out(tmp_path, fa
     assert side.accuracies() is None  # the fine-tuned models are still to be evaluated
     (out / "pfllib.log").write_text(log + "Averaged Test Accuracy: 0.97\n")
     assert side.accuracies() == [{0: 10.0, 1: 50.0}]
+
+
+def test_a_finished_plfl_run_is_reused_under_keys_added_after_it(tmp_path, digits_config):
+    """A run whose config.yaml predates a key (here federation.drop_last) is the run of that key's default."""
+    out = tmp_path / "out"
+    run_dir = out / "plfl" / "seed0" / "earlier"
+    run_dir.mkdir(parents=True)
+    cfg = digits_config(**{"federation.rounds": 1})
+    run_experiment(cfg, run_dir=run_dir)
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    del saved.federation["drop_last"]
+    OmegaConf.save(saved, run_dir / "config.yaml")
+    side = parity.PlflSide(SCRIPT, [], cfg, 1, out, "accuracy")
+    assert side._run_dir(0) == run_dir
+    later = OmegaConf.merge(cfg, {"federation": {"drop_last": True}})
+    assert parity.PlflSide(SCRIPT, [], later, 1, out, "accuracy")._run_dir(0) is None
 
 
 def test_reads_pfllib_log_per_run():
