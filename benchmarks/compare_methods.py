@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from plfl.methods import methods
 
 # FedALA's reference setting (configs/fedala.yaml), shared by every method.
-FEDERATION = {"join_ratio": 1.0, "local_epochs": 1, "batch_size": 10, "lr": 0.005, "momentum": 0.0, "seed": 0}
+FEDERATION = {"join_ratio": 1.0, "batch_size": 10, "lr": 0.005, "momentum": 0.0, "seed": 0}
 METHOD_KEYS = {"fedft": ["method.head_epochs=1"], "fedftha": ["method.head_epochs=1"], "heurpfedla": ["method.k=1"]}
 
 

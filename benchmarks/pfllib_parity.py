@@ -81,6 +81,12 @@ class Pairing:
     after_last: int = 0  # accuracies PFLlib prints after its last round (FedBABU's fine-tuned models), not compared
 
 
+def _epochs(cfg: DictConfig) -> int:
+    if cfg.federation.local_steps is not None:
+        raise PlflError("PFLlib trains local epochs, not steps: remove federation.local_steps.")
+    return cfg.federation.local_epochs or 1
+
+
 def _half(epochs: int) -> int:
     if epochs % 2:
         raise PlflError(f"PFLlib's Per-FedAvg trains twice per local epoch: federation.local_epochs={epochs} is odd.")
@@ -96,7 +102,7 @@ def _whole(value: float, key: str) -> int:
 SHARED = (
     Flag("batch_size", "federation.batch_size"),
     Flag("local_learning_rate", "federation.lr"),
-    Flag("local_epochs", "federation.local_epochs"),
+    Flag("local_epochs", "federation.local_epochs", lambda epochs, cfg: _epochs(cfg)),
     Flag("join_ratio", "federation.join_ratio"),
     Flag("global_rounds", "federation.rounds"),
 )
@@ -120,7 +126,7 @@ METHODS = {
             Flag(
                 "local_epochs",
                 "federation.local_epochs",
-                lambda epochs, cfg: _half(epochs),
+                lambda epochs, cfg: _half(_epochs(cfg)),
                 "PFLlib trains each client twice a round",
             ),
         ),

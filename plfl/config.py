@@ -191,6 +191,12 @@ def _check_parts(config: ExperimentConfig) -> None:
         _chosen("data", data, "partition", partitions())
     _chosen("model", config.model, "name", models())
     federation = config.federation
+    if federation.local_epochs is not None and federation.local_steps is not None:
+        raise ConfigError(
+            f"federation.local_epochs={federation.local_epochs} and federation.local_steps={federation.local_steps} "
+            "are both set: a round trains either epochs or steps. Remove one of them (as an override: "
+            "federation.local_epochs=null)."
+        )
     if federation.executor not in executors():
         close = difflib.get_close_matches(federation.executor, list(executors()), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""

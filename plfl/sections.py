@@ -21,7 +21,20 @@ class FederationConfig:
     join_ratio: float = checked(
         1.0, lambda v: 0 < v <= 1, "a number in (0, 1]", "fraction of the clients sampled for training each round"
     )
-    local_epochs: int = checked(1, lambda v: v >= 1, "an integer >= 1", "local epochs per round")
+    local_epochs: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "null or an integer >= 1",
+        "local epochs per round (null: 1, or federation.local_steps when that is set)",
+    )
+    local_steps: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "null or an integer >= 1",
+        "local SGD steps (mini-batches) per round in place of epochs, the same number for every client whatever "
+        "its size, as FedProx, Self-FL and pFedMe train their baselines; the batch order runs on across epochs "
+        "(null: federation.local_epochs)",
+    )
     batch_size: int = checked(10, lambda v: v >= 1, "an integer >= 1", "mini-batch size of local training")
     drop_last: bool = documented(
         False,
@@ -65,6 +78,13 @@ class FederationConfig:
         "keep the clients' stored tensors (personalized models, statistics) in files under <run dir>/client-state "
         "instead of RAM: for many clients",
     )
+
+    def local_length(self) -> dict[str, int]:
+        """A round's local training as :class:`plfl.tasks.TrainTask` / ``StepTask`` keywords: ``{"steps":
+        local_steps}``, or ``{"epochs": local_epochs}`` (1 when null)."""
+        if self.local_steps is not None:
+            return {"steps": self.local_steps}
+        return {"epochs": self.local_epochs or 1}
 
 
 @dataclass

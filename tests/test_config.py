@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from plfl.config import load_config
 from plfl.errors import ConfigError
@@ -30,7 +31,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
             "federation.roundz=3",
             "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
             "Valid keys in section 'federation': batch_size, drop_last, eval_every, executor, join_ratio, "
-            "local_epochs, lr, max_failed_clients, momentum, rounds, seed, state_offload, threads.",
+            "local_epochs, local_steps, lr, max_failed_clients, momentum, rounds, seed, state_offload, threads.",
         ),
         ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
         (
@@ -79,7 +80,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
         ),
         (
             "model.name=vgg",
-            "Config key 'model.name' must be one of cnn, fasttext, lenet5, lstm, mlp, resnet18, transformer; "
+            "Config key 'model.name' must be one of cnn, fasttext, lenet5, lstm, mclr, mlp, resnet18, transformer; "
             "got 'vgg'.",
         ),
         (
@@ -87,6 +88,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
             f"Unknown method.name 'fedrox'. Did you mean 'fedprox'? Valid names: {', '.join(sorted(methods()))}.",
         ),
         ("federation.rounds", "Override 'federation.rounds' is not of the form key=value"),
+        ("federation.local_steps=0", "Config key 'federation.local_steps' must be null or an integer >= 1; got 0."),
     ],
 )
 def test_config_errors_name_the_key_and_the_fix(override, message):
@@ -132,6 +134,19 @@ def test_config_errors_name_the_key_and_the_fix(override, message):
 )
 def test_a_methods_own_bad_keys_are_refused(config, override, message):
     assert message in error_of(override, path=ROOT / "configs" / f"{config}.yaml")
+
+
+def test_a_round_trains_epochs_or_steps_never_both():
+    assert (
+        "federation.local_epochs=2 and federation.local_steps=20 are both set: a round trains either epochs or "
+        "steps. Remove one of them (as an override: federation.local_epochs=null)."
+        in error_of("federation.local_epochs=2", "federation.local_steps=20")
+    )
+    federation = OmegaConf.to_object(
+        load_config(QUICKSTART, ["federation.local_epochs=null", "federation.local_steps=20"]).federation
+    )
+    assert federation.local_length() == {"steps": 20}
+    assert OmegaConf.to_object(load_config(QUICKSTART).federation).local_length() == {"epochs": 1}
 
 
 def test_cohort_size_is_checked_for_the_vectorized_executor():

@@ -25,6 +25,7 @@ from plfl.executors.options import ClientWorkOptions, Vectorized
 from plfl.executors.step_graphs import StepGraphs
 from plfl.experiment import run_experiment
 from plfl.methods.ala import ALAConfig, local_aggregation
+from plfl.methods.fedavg import FedAvg, FedAvgConfig
 from plfl.methods.moon import MOON, MOONConfig
 from plfl.methods.perfedavg import PerFedAvg, PerFedAvgConfig
 from plfl.models import build_model
@@ -579,6 +580,25 @@ def test_drop_last_trains_on_full_batches_only_in_both_executors_and_in_a_method
                     torch.testing.assert_close(value, getattr(b, field)[key], atol=1e-5, rtol=0)
         assert [r.samples_seen for r in trained[0]] == [2 * n for n in per_epoch]
         assert [r.samples_seen for r in stepped[0]] == per_epoch
+
+
+def test_local_steps_train_every_client_the_same_batches_in_both_executors_and_in_a_methods_step(tiny_federation):
+    """federation.local_steps=5 in batches of 7: clients of 10, 20, 30 and 40 samples take 5 batches each, the
+    batch order running on across epochs (10: 7+3+7+3+7; 20: 7+7+6+7+7; 30: 4·7+2; 40: 5·7), by a method's local
+    training and by MOON's step, on the sequential and the vectorized executor alike."""
+    context, model = make_context(tiny_federation, batch_size=7, local_steps=5)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    fedavg, moon = FedAvg(FedAvgConfig(), context, start), MOON(MOONConfig(), context, start)
+    trains = [next(fedavg.local_train(i, start, start, 1)) for i in range(4)]
+    steps = [next(moon.local_train(i, start, start, 1)) for i in range(4)]
+    assert {(task.steps, task.epochs) for task in trains + steps} == {(5, None)}
+    trained = [executor.train(trains) for executor in (sequential(context), vectorized(context))]
+    stepped = [executor.step(steps) for executor in (sequential(context), vectorized(context))]
+    for field, (one, other) in (("params", trained), ("state", stepped)):
+        for a, b, seen in zip(one, other, [27, 34, 30, 35]):
+            assert a.samples_seen == b.samples_seen == seen
+            for key, value in getattr(a, field).items():
+                torch.testing.assert_close(value, getattr(b, field)[key], atol=1e-5, rtol=0)
 
 
 def test_drop_last_refuses_a_client_smaller_than_a_batch(digits_config):

@@ -40,6 +40,18 @@ def test_resnet18_and_mlp_expose_body_and_head():
     assert mlp.body(torch.zeros(3, 1, 8, 8)).shape == (3, 16)
 
 
+def test_mclr_is_softmax_regression_on_the_flattened_input():
+    model = build_model("mclr", (1, 2, 2), 3)
+    assert list(model.body.parameters()) == []
+    with torch.no_grad():
+        model.head.weight.copy_(torch.tensor([[1.0, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, -1]]))
+        model.head.bias.copy_(torch.tensor([0.0, 0.5, 1.0]))
+    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    # logits: 1·1, 2·2 + 0.5, −1·4 + 1
+    assert model(x).tolist() == [[1.0, 4.5, -3.0]]
+    assert sum(p.numel() for p in model.parameters()) == 3 * 4 + 3
+
+
 def test_cnn_on_too_small_images_says_what_to_use():
     with pytest.raises(
         ConfigError, match="needs images of at least 16×16 pixels; the data are 8×8. Use model.name=mlp"

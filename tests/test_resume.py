@@ -134,14 +134,28 @@ EXTRA_OPTIONS = {
 def test_every_method_continues_from_its_checkpoint_exactly(digits_config, method):
     """Server state, client store and RNGs all come back: a 3-round run resumed from its round-2 checkpoint (its
     round-3 checkpoint and summary removed, as a run killed in round 3 leaves them) ends as it ended."""
-    options = {"method.name": method, **EXTRA_OPTIONS.get(method, {})}
-    run_dir, _ = run_experiment(digits_config(**options, keep_checkpoints=2))
+    assert_resumes_exactly(digits_config(**{"method.name": method, **EXTRA_OPTIONS.get(method, {})}))
+
+
+def assert_resumes_exactly(config) -> None:
+    """A 3-round run of ``config`` resumed from its round-2 checkpoint (its round-3 checkpoint and summary removed,
+    as a run killed in round 3 leaves them) ends as it ended."""
+    config.keep_checkpoints = 2
+    run_dir, _ = run_experiment(config)
     straight = results(run_dir)
     (run_dir / "checkpoints" / "round-00003.pt").unlink()
     (run_dir / "summary.json").unlink()
     resumed, summary = run_experiment(resume_config(run_dir), run_dir)
     assert resumed == run_dir and summary["rounds"] == 3
     assert results(resumed) == straight
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto", "pfedme", "selffl"])
+def test_a_run_in_local_steps_continues_from_its_checkpoint_exactly(digits_config, method):
+    """federation.local_steps: the resumed round-3 clients take the same batches as in the uninterrupted run."""
+    assert_resumes_exactly(
+        digits_config(**{"method.name": method, **EXTRA_OPTIONS.get(method, {}), "federation.local_steps": 3})
+    )
 
 
 def test_checkpoint_reads_back_and_damage_is_detected(tmp_path):

@@ -132,12 +132,10 @@ class Method:
     def local_train(
         self, client_id: int, params: Params, message: Optional[Params], round_: int
     ) -> TrainResult | Work[TrainResult]:
-        """Train the client from ``params`` (its model) for ``federation.local_epochs`` epochs; ``message``:
-        what it received at the last broadcast."""
+        """Train the client from ``params`` (its model) for ``federation.local_epochs`` epochs or
+        ``federation.local_steps`` steps; ``message``: what it received at the last broadcast."""
         return (
-            yield self.train_task(
-                client_id, params, round_, "local_training", epochs=self.context.federation.local_epochs
-            )
+            yield self.train_task(client_id, params, round_, "local_training", **self.context.federation.local_length())
         )
 
     def train_task(self, client_id: int, params: Params, round_: int, stream: str, **options: Any) -> TrainTask:
@@ -154,14 +152,15 @@ class Method:
     ) -> StepTask:
         """``step`` on the client's training batches from ``state``, their order drawn from (seed, round, client,
         the stream named ``stream``), in batches of ``federation.batch_size`` for ``federation.local_epochs``
-        epochs unless ``options`` say otherwise (see :class:`plfl.tasks.StepTask`); with ``federation.drop_last``
-        only full batches. A hook yields it and receives its StepResult."""
+        epochs or ``federation.local_steps`` steps unless ``options`` say otherwise (see
+        :class:`plfl.tasks.StepTask`); with ``federation.drop_last`` only full batches. A hook yields it and
+        receives its StepResult."""
         federation = self.context.federation
         options = {"batch_size": federation.batch_size, **options}
         if federation.drop_last:
             options["min_last_batch"] = options["batch_size"]
-        if "steps" not in options:
-            options.setdefault("epochs", federation.local_epochs)
+        if "steps" not in options and "epochs" not in options:
+            options.update(federation.local_length())
         return StepTask(client_id, step, state, derive_seed(self.seed, round_, client_id, stream), **options)
 
     def training_samples(self, client_id: int) -> Optional[torch.Tensor]:

@@ -121,7 +121,7 @@ class FedAMP(Method):
                 params,
                 round_,
                 "local_training",
-                epochs=self.context.federation.local_epochs,
+                **self.context.federation.local_length(),
                 proximal=proximal,
             )
         )

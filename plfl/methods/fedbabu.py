@@ -86,7 +86,7 @@ class FedBABU(PartialSharing):
                 {**self.initial_params, **message},
                 round_,
                 "local_training",
-                epochs=self.context.federation.local_epochs,
+                **self.context.federation.local_length(),
                 trainable=self.body_parameters,
             )
         )

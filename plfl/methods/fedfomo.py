@@ -160,7 +160,7 @@ class FedFomo(Method):
             scores = fomo_scores(own.loss, torch.tensor([e.loss for e in others]), distances)
             params = fomo_update(params, message, fomo_weights(scores))
         result = yield self.train_task(
-            client_id, params, round_, "local_training", epochs=self.context.federation.local_epochs
+            client_id, params, round_, "local_training", **self.context.federation.local_length()
         )
         result.upload = {**{k: result.params[k] for k in self.models}, SCORES: scores}
         return result

@@ -66,7 +66,7 @@ class FedProx(FedAvg):
                 params,
                 round_,
                 "local_training",
-                epochs=self.context.federation.local_epochs,
+                **self.context.federation.local_length(),
                 proximal=proximal,
             )
         )

@@ -76,7 +76,7 @@ class FedRep(PartialSharing):
             head.params,
             round_,
             "local_training",
-            epochs=self.context.federation.local_epochs,
+            **self.context.federation.local_length(),
             trainable=self.body_parameters,
         )
         samples = head.samples_seen + body.samples_seen

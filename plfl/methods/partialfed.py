@@ -266,7 +266,7 @@ class PartialFed(PartialSharing):
         }
         trained, learned = yield [
             self.train_task(
-                client_id, params, round_, "local_training", epochs=self.context.federation.local_epochs, samples=train
+                client_id, params, round_, "local_training", **self.context.federation.local_length(), samples=train
             ),
             self.step_task(
                 client_id,
@@ -277,6 +277,8 @@ class PartialFed(PartialSharing):
                 inputs=inputs,
                 shared=message,
                 ordered_samples=held,
+                # The held-back samples are visited whole: epochs, also when training counts steps.
+                epochs=self.context.federation.local_epochs or 1,
             ),
         ]
         self.store.set(client_id, STRATEGY, learned.state)

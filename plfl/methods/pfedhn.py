@@ -141,7 +141,7 @@ class PFedHN(Method):
     def local_train(self, client_id: int, params: Params, message: Optional[Params], round_: int) -> Work[TrainResult]:
         """``federation.local_epochs`` epochs from θ_i (``params``); the upload is Δθ_i = θ_i − θ̃_i."""
         result = yield self.train_task(
-            client_id, params, round_, "local_training", epochs=self.context.federation.local_epochs
+            client_id, params, round_, "local_training", **self.context.federation.local_length()
         )
         result.upload = {name: params[name] - result.params[name] for name in self.hypernetwork.shapes}
         return result

@@ -29,8 +29,9 @@ class Model(Component):
     name: str = one_of(
         "mlp",
         lambda: tuple(models()),
-        "the network, split into a body (representation) and a head (last classifier layer): mlp, cnn (FedAvg's "
-        "4-layer CNN), lenet5, resnet18 (torchvision); for text fasttext, transformer, lstm (LEAF's)",
+        "the network, split into a body (representation) and a head (last classifier layer): mclr (multinomial "
+        "logistic regression), mlp, cnn (FedAvg's 4-layer CNN), lenet5 (also PyTorch's CIFAR-10 tutorial CNN), "
+        "resnet18 (torchvision); for text fasttext, transformer, lstm (LEAF's)",
     )
 
     def build(self, input_shape: tuple[int, ...], num_classes: int, vocab_size: Optional[int]) -> BodyHeadModel:
@@ -84,6 +85,16 @@ class MLP(BatchNormOption):
         from plfl.models.networks import mlp
 
         return mlp(input_shape, num_classes, list(self.hidden_sizes), self.batch_norm)
+
+
+@dataclass
+class MCLR(Model):
+    choice = "mclr"
+
+    def network(self, input_shape: tuple[int, ...], num_classes: int, vocab_size: Optional[int]) -> BodyHeadModel:
+        from plfl.models.networks import mclr
+
+        return mclr(input_shape, num_classes)
 
 
 @dataclass

@@ -110,6 +110,16 @@ def lenet5(input_shape: tuple[int, ...], num_classes: int, batch_norm: bool = Fa
     return BodyHeadModel(body, nn.Linear(84, num_classes))
 
 
+def mclr(input_shape: tuple[int, ...], num_classes: int) -> BodyHeadModel:
+    """Multinomial logistic regression (MCLR), FedProx's and Self-FL's MNIST model: flatten → Linear classes.
+
+    The body is the flatten alone (no parameters, features = the ``prod(input_shape)`` input values); the head
+    is the one linear layer, (classes, features) weights and (classes,) biases. Trained on the cross-entropy it
+    is a convex problem.
+    """
+    return BodyHeadModel(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes))
+
+
 def mlp(
     input_shape: tuple[int, ...], num_classes: int, hidden_sizes: list[int], batch_norm: bool = False
 ) -> BodyHeadModel:
