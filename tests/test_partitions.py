@@ -1,4 +1,5 @@
-"""pFedLA's data settings: the classes and dominant partitions, re-partitioned PFLlib data, and their key checks."""
+"""pFedLA's data settings (the classes and dominant partitions), FedProx's MNIST federation (the fedprox partition),
+re-partitioned PFLlib data, and their key checks."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from sklearn.datasets import load_digits
 
 from plfl.config import DataConfig, load_config
 from plfl.data import load_federated_data
-from plfl.data.partition import classes_partition, dominant_partition
+from plfl.data.partition import classes_partition, dominant_partition, fedprox_partition
 from plfl.errors import ConfigError, DataError
 
-from conftest import reads_shared_data
+from conftest import FEDALA_MNIST, reads_shared_data
 from test_data import PFLLIB_FMNIST, write_pfllib
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -113,6 +115,159 @@ def test_new_partitions_same_seed_reproduces_other_seed_differs(partition):
     assert not all(np.array_equal(x, z) for x, z in zip(a, c))
 
 
+# ---------------------------------------------------------------- fedprox (FedProx's MNIST)
+
+
+def fedprox_cases() -> list:
+    """(labels, N, c, m): synthetic equal and unequal classes, and the digits' labels (about 180 per class)."""
+    equal = np.repeat(np.arange(10), 1000)
+    digits = load_digits().target.astype(np.int64)
+    return [
+        pytest.param(equal, 100, 2, 5, id="10x1000-N100-c2"),
+        pytest.param(equal, 37, 3, 10, id="10x1000-N37-c3"),
+        pytest.param(LABELS, 25, 10, 1, id="unequal-N25-c10"),
+        pytest.param(digits, 50, 3, 5, id="digits-N50-c3"),
+    ]
+
+
+@pytest.mark.parametrize("labels, num_clients, c, m", fedprox_cases())
+def test_fedprox_clients_hold_c_consecutive_classes_and_every_sample(labels, num_clients, c, m):
+    parts = fedprox_partition(labels, num_clients, c, m, 2.0, np.random.default_rng(0))
+    counts = class_counts(parts, labels)
+    assert len(parts) == num_clients and all(p.dtype == np.int64 for p in parts)
+    for u, row in enumerate(counts):
+        assert set(np.flatnonzero(row)) == {(u + j) % 10 for j in range(c)}
+        assert row[row > 0].min() >= m  # every slot got its min_per_class first
+    assert_disjoint_subset(parts, len(labels))
+    assert sum(len(p) for p in parts) == len(labels)  # every class is held: nothing is left over
+
+
+def test_fedprox_leaves_out_only_the_classes_no_client_holds():
+    labels = np.repeat(np.arange(10), 50)
+    parts = fedprox_partition(labels, 2, 2, 5, 2.0, np.random.default_rng(0))  # clients hold {0, 1} and {1, 2}
+    pooled = np.concatenate(parts)
+    assert np.array_equal(np.sort(pooled), np.flatnonzero(labels <= 2))
+
+
+def test_fedprox_one_class_per_client_gets_the_whole_class():
+    labels = np.repeat(np.arange(3), [7, 11, 13])
+    parts = fedprox_partition(labels, 3, 1, 2, 2.0, np.random.default_rng(0))
+    assert [sorted(p) for p in parts] == [list(range(7)), list(range(7, 18)), list(range(18, 31))]
+
+
+def test_fedprox_rounds_the_shares_by_largest_remainder():
+    # One class of 23 over 4 slots, m = 2: 15 left, near-equal weights give 3.75 each, so three slots get 3 + 1.
+    labels = np.zeros(23, dtype=np.int64)
+    parts = fedprox_partition(labels, 4, 1, 2, 1e-9, np.random.default_rng(0))
+    assert sorted(len(p) for p in parts) == [5, 6, 6, 6]
+
+
+def test_fedprox_huge_sigma_still_uses_every_sample():
+    labels = np.repeat(np.arange(10), 1000)
+    parts = fedprox_partition(labels, 100, 2, 5, 1000.0, np.random.default_rng(0))
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.sum() == len(labels) and sizes.min() >= 10
+    # The weights are powers of e^1000: one of each class's 20 slots takes all 900 left after the 20 x 5.
+    counts = class_counts(parts, labels)
+    assert (counts.max(axis=0) == 905).all() and ((counts == 5).sum(axis=0) == 19).all()
+
+
+def test_fedprox_sample_counts_are_heavy_tailed():
+    # FedProx's MNIST shape: 1000 clients of 2 classes, 7000 samples per class.
+    labels = np.repeat(np.arange(10), 7000)
+    for seed in range(3):
+        sizes = np.array([len(p) for p in fedprox_partition(labels, 1000, 2, 5, 2.0, np.random.default_rng(seed))])
+        assert sizes.sum() == 70_000 and sizes.min() >= 10
+        median = np.median(sizes)
+        assert sizes.max() > 10 * median  # a power law, not near-equal clients
+        assert sizes.std() > sizes.mean()  # FedProx's table: mean 69, std 106 samples per device
+        assert median < sizes.mean() / 2  # most clients small
+    equal = fedprox_partition(labels, 1000, 2, 5, 1e-9, np.random.default_rng(0))
+    assert np.ptp([len(p) for p in equal]) <= 2  # σ → 0: every slot 35 samples, up to rounding
+
+
+def test_fedprox_same_seed_reproduces_other_seed_differs():
+    labels = np.repeat(np.arange(10), 1000)
+    a, b, c = (fedprox_partition(labels, 100, 2, 5, 2.0, np.random.default_rng(seed)) for seed in (0, 0, 1))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert [len(x) for x in a] != [len(z) for z in c]
+
+
+def test_fedprox_refuses_impossible_settings():
+    labels = np.repeat(np.arange(10), 20)
+    with pytest.raises(DataError, match=r"data.classes_per_client=11 exceeds the 10 classes.*at most 10"):
+        fedprox_partition(labels, 10, 11, 5, 2.0, np.random.default_rng(0))
+    with pytest.raises(
+        DataError,
+        match=r"Class 0 has 20 samples, too few for data.min_per_class=7 on each of the 3 clients .*\(3 x 7 = 21\)\. "
+        r"Lower data.min_per_class, data.num_clients or data.classes_per_client",
+    ):
+        fedprox_partition(labels, 10, 3, 7, 2.0, np.random.default_rng(0))
+    fedprox_partition(labels, 10, 3, 6, 2.0, np.random.default_rng(0))  # 3 x 6 = 18 fits
+
+
+def test_fedprox_keys_are_read_and_checked_by_the_config():
+    cfg = load_config(
+        None,
+        [
+            "data.partition=fedprox",
+            "data.classes_per_client=3",
+            "data.min_per_class=10",
+            "data.sigma=1.5",
+            "data.test_fraction=0.1",
+        ],
+    )
+    assert (cfg.data.classes_per_client, cfg.data.min_per_class, cfg.data.sigma) == (3, 10, 1.5)
+    with pytest.raises(ConfigError, match=r"Config key 'data.sigma' must be a number > 0; got 0.0"):
+        load_config(None, ["data.partition=fedprox", "data.sigma=0"])
+    with pytest.raises(ConfigError, match=r"Config key 'data.min_per_class' must be an integer >= 1; got 0"):
+        load_config(None, ["data.partition=fedprox", "data.min_per_class=0"])
+
+
+def test_fedprox_through_the_loader(tmp_path):
+    labels = np.repeat(np.arange(3), [40, 50, 60])
+    data = load_federated_data(
+        DataConfig(
+            source="pfllib",
+            root=str(write_pfllib(tmp_path / "d", [(labels[:75].tolist(), labels[75:].tolist())])),
+            repartition=True,
+            num_clients=6,
+            partition="fedprox",
+            classes_per_client=2,
+            test_fraction=0.1,
+        ),
+        0,
+    )
+    assert len(data.clients) == 6
+    for u, client in enumerate(data.clients):
+        y = torch.cat([client.y_train, client.y_test])
+        assert set(y.unique().tolist()) == {u % 3, (u + 1) % 3}
+        assert client.num_test == int(np.ceil(0.1 * len(y)))
+    assert sum(c.num_train + c.num_test for c in data.clients) == 150
+
+
+@reads_shared_data(FEDALA_MNIST)
+def test_fedprox_mnist_gives_fedprox_federation():
+    cfg = DataConfig(
+        source="pfllib",
+        root=str(FEDALA_MNIST),
+        repartition=True,
+        num_clients=1000,
+        partition="fedprox",
+        classes_per_client=2,
+        test_fraction=0.1,
+    )
+    data = load_federated_data(cfg, 0)
+    assert len(data.clients) == 1000 and data.num_classes == 10
+    sizes = []
+    for u, client in enumerate(data.clients):
+        y = torch.cat([client.y_train, client.y_test])
+        assert set(y.unique().tolist()) == {u % 10, (u + 1) % 10}
+        sizes.append(len(y))
+    assert sum(sizes) == 70_000  # every MNIST sample, on one client each
+    assert max(sizes) > 10 * np.median(sizes)
+
+
 # ---------------------------------------------------------------- re-partitioned PFLlib directories
 
 
@@ -178,11 +333,24 @@ def test_pfllib_without_repartition_keeps_its_clients(tmp_path):
         ),
         (
             ["data.partition=iid", "data.classes_per_client=4"],
-            r"data.classes_per_client=4 is read only by data.partition=classes or pathological",
+            r"data.classes_per_client=4 is read only by data.partition=classes or fedprox or pathological",
         ),
         (
             ["data.partition=dirichlet", "data.dominant_fraction=0.9"],
             r"data.dominant_fraction=0.9 is read only by data.partition=dominant, .*set data.partition=dominant",
+        ),
+        (
+            ["data.partition=dirichlet", "data.sigma=1.5"],
+            r"data.sigma=1.5 is read only by data.partition=fedprox, not by data.partition=dirichlet\. Remove "
+            r"data.sigma \(or set its default, data.sigma=2.0\), or set data.partition=fedprox\.",
+        ),
+        (
+            ["data.partition=pathological", "data.min_per_class=10"],
+            r"data.min_per_class=10 is read only by data.partition=fedprox, not by data.partition=pathological",
+        ),
+        (
+            ["data.source=pfllib", "data.sigma=1.5"],
+            r"data.sigma=1.5 has no effect: data.source=pfllib keeps .*Set data.repartition=true",
         ),
     ],
 )

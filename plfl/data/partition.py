@@ -272,6 +272,80 @@ def _take_quotas(
     return [np.concatenate(ch).astype(np.int64) for ch in chunks]
 
 
+def fedprox_partition(
+    labels: np.ndarray,
+    num_clients: int,
+    classes_per_client: int,
+    min_per_class: int,
+    sigma: float,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """FedProx's MNIST federation: c consecutive classes per client, sample counts following a power law.
+
+    Client u holds the c = ``classes_per_client`` classes ``sorted_classes[(u + j) mod K]``, j < c: its slots
+    (u, j). Every slot first gets ``min_per_class`` (m) samples of its class; the rest of a class, ``n_class - m
+    h`` for its h slots, is divided over those slots in proportions w / sum(w), w ~ lognormal(0, σ) drawn per slot
+    and normalised per class, so that a few clients hold most of the samples. The share of a slot is rounded down
+    and the samples left over go one each to the slots with the largest remainders, so every sample of a class
+    some client holds is used. Each class's samples are shuffled before being cut. Samples of a class no client
+    holds (``num_clients * c < K``) are left out.
+
+    FedProx (Li et al., MLSys 2020; its ``data/mnist/generate_niid.py``: 1000 clients, c = 2, m = 5,
+    σ = 2, 10 % of each client for test) builds its MNIST so; Self-FL (Chen et al., NeurIPS 2022, Sec. 4.1)
+    runs on it. The reference rounds each share down (``int``) and leaves the samples that rounding drops unused.
+    pFedMe's CIFAR-10 federation (Dinh et al., NeurIPS 2020) draws the same way with c = 3 and m = 10 and adds a
+    uniform random count to every slot; plfl leaves that count out.
+
+    Args:
+        labels: int array ``(n,)`` of class labels; K = number of distinct labels.
+        num_clients: number of clients (N).
+        classes_per_client: c, in [1, K].
+        min_per_class: m >= 1, samples of each of its classes that every client gets at least.
+        sigma: σ > 0 of the lognormal weights; larger is more skewed.
+        rng: source of randomness.
+
+    Returns:
+        ``num_clients`` disjoint int64 index arrays, together every sample of the held classes.
+
+    Raises:
+        DataError: ``c > K``, or a class has fewer than ``m h`` samples for its h slots.
+    """
+    classes, counts = np.unique(labels, return_counts=True)
+    k, c = len(classes), classes_per_client
+    if c > k:
+        raise DataError(
+            f"data.classes_per_client={c} exceeds the {k} classes in the data set. "
+            f"Set data.classes_per_client to at most {k}."
+        )
+    owners = np.repeat(np.arange(num_clients), c)  # slot (u, j) at row u * c + j
+    slot_class = (owners + np.tile(np.arange(c), num_clients)) % k
+    # Normal draws, exponentiated per class after subtracting the class's largest: lognormal weights that no σ
+    # overflows.
+    log_weights = rng.normal(0.0, sigma, len(owners))
+    chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for j, (cls, n) in enumerate(zip(classes, counts)):
+        slots = np.flatnonzero(slot_class == j)
+        if len(slots) == 0:
+            continue
+        if n < min_per_class * len(slots):
+            raise DataError(
+                f"Class {cls} has {n} samples, too few for data.min_per_class={min_per_class} on each of the "
+                f"{len(slots)} clients holding it in the fedprox partition ({len(slots)} x {min_per_class} = "
+                f"{len(slots) * min_per_class}). Lower data.min_per_class, data.num_clients or "
+                "data.classes_per_client."
+            )
+        z = log_weights[slots]
+        w = np.exp(z - z.max())
+        shares = (n - min_per_class * len(slots)) * (w / w.sum())
+        extra = np.floor(shares).astype(np.int64)
+        left = int(n - min_per_class * len(slots) - extra.sum())
+        extra[np.argsort(extra - shares, kind="stable")[:left]] += 1  # largest remainders first
+        idx = rng.permutation(np.flatnonzero(labels == cls))
+        for client, part in zip(owners[slots], np.split(idx, np.cumsum(min_per_class + extra)[:-1])):
+            chunks[client].append(part)
+    return [np.concatenate(ch).astype(np.int64) for ch in chunks]
+
+
 def iid_partition(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
     """Shuffle all indices and cut them into ``num_clients`` near-equal parts.
 
@@ -342,7 +416,8 @@ class Partition(Component):
         "dirichlet",
         lambda: tuple(partitions()),
         "how a pooled data set is split over clients: Dirichlet label skew, pathological (c classes each, "
-        "disjoint samples), classes (pFedLA's non-IID_1), dominant (pFedLA's non-IID_2), iid",
+        "disjoint samples), classes (pFedLA's non-IID_1), dominant (pFedLA's non-IID_2), fedprox (FedProx's MNIST: "
+        "c classes each, power-law sizes), iid",
     )
     test_fraction: float = checked(
         0.25, lambda v: 0 < v < 1, "a number in (0, 1)", "share of each client's samples held out as its test split"
@@ -377,7 +452,7 @@ class ClassesPerClient(Partition):
     """A partition that gives every client ``classes_per_client`` classes."""
 
     classes_per_client: int = checked(
-        2, lambda v: v >= 1, "an integer >= 1", "pathological and classes: distinct classes per client (c)"
+        2, lambda v: v >= 1, "an integer >= 1", "pathological, classes and fedprox: distinct classes per client (c)"
     )
 
 
@@ -395,6 +470,25 @@ class Classes(ClassesPerClient):
 
     def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
         return classes_partition(labels, num_clients, self.classes_per_client, rng)
+
+
+@dataclass
+class FedProxPartition(ClassesPerClient):
+    """FedProx's MNIST federation (:func:`fedprox_partition`); the method is :mod:`plfl.methods.fedprox`."""
+
+    choice = "fedprox"
+    min_per_class: int = checked(
+        5, lambda v: v >= 1, "an integer >= 1", "fedprox: samples of each of its classes every client gets first"
+    )
+    sigma: float = checked(
+        2.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "fedprox: σ of the lognormal(0, σ) shares of the rest of each class; larger is more skewed",
+    )
+
+    def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        return fedprox_partition(labels, num_clients, self.classes_per_client, self.min_per_class, self.sigma, rng)
 
 
 @dataclass
