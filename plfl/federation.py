@@ -240,7 +240,8 @@ class FederationLoop:
         for group in self._groups():
             evaluated = self.executor.evaluate([EvalTask(i, self.context.store.get(i, "model")) for i in group])
             results.update(zip(group, evaluated))
-        metrics = federation_metrics(results)
+        sizes = {i: c.num_train + c.num_test for i, c in enumerate(self.context.data.clients)}
+        metrics = federation_metrics(results, sizes)
         global_model = self.method.global_model(round_)
         if global_model is not None:
             (evaluated,) = self.executor.evaluate([EvalTask(None, global_model)])

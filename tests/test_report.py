@@ -36,7 +36,7 @@ CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver"
 TITLES = [
     "Test accuracy per round",
     "Client accuracy at the best round",
-    "Worst-10 % and top-10 % client accuracy",
+    "Worst-10 %, top-10 % and largest-10 % client accuracy",
     "Seconds per round",
     "Bytes sent and received by the server per round",
     "Global-model accuracy (solid) and personalized accuracy (dotted)",
@@ -102,7 +102,7 @@ def copy_as_sweep(source: Path, root: Path) -> list[Path]:
         shift, scale = 0.02 * i, 10.0 ** (4 * i / 19 - 2)
         rows = read_csv(target / "metrics.csv")
         for row in rows:
-            for column in ("accuracy", "worst10_accuracy", "best_accuracy"):
+            for column in ("accuracy", "worst10_accuracy", "largest10_accuracy", "best_accuracy"):
                 row[column] = min(1.0, row[column] + shift)
             for column in ("seconds", "bytes_sent", "bytes_received"):
                 if row[column] is not None:
@@ -168,11 +168,18 @@ def test_figures_hold_the_runs_data(runs_root):
     assert sorted(box.x) == pytest.approx(sorted(100 * r["accuracy"] for r in clients if r["round"] == best))
 
     # 5 clients: ⌈10 %⌉ is one client, so worst 10 % (left panel) is the minimum and top 10 % the maximum.
-    worst, top = [t for t in figures["Worst-10 % and top-10 % client accuracy"].data if t.name == "pfedla"]
-    assert (worst.xaxis, top.xaxis) == ("x", "x2") and list(worst.x) == list(top.x)
+    # The third panel: metrics.csv's largest10_accuracy (one client of 5, the one with the most samples).
+    tails = [t for t in figures[TITLES[2]].data if t.name == "pfedla"]
+    worst, top, largest = tails
+    assert (worst.xaxis, top.xaxis, largest.xaxis) == ("x", "x2", "x3") and list(worst.x) == list(top.x)
     for round_, low, high in zip(worst.x, worst.y, top.y):
         accuracies = [100 * r["accuracy"] for r in clients if r["round"] == round_]
         assert (low, high) == pytest.approx((min(accuracies), max(accuracies)))
+    pfedla_metrics = read_csv(run_dir(runs_root, "pfedla") / "metrics.csv")
+    assert list(largest.x) == [r["round"] for r in pfedla_metrics]
+    assert list(largest.y) == pytest.approx([100 * r["largest10_accuracy"] for r in pfedla_metrics])
+    for round_, value in zip(largest.x, largest.y):
+        assert any(value == pytest.approx(100 * r["accuracy"]) for r in clients if r["round"] == round_)
 
     # Method-specific panels show only the runs that have the data.
     assert {t.name for t in figures["ALA weight statistics"].data} == {"fedala"}
@@ -220,6 +227,32 @@ def test_bad_paths_are_clear_errors(runs_root, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"plfl report: {partial} lacks metrics.csv") and "Traceback" not in err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_runs_written_before_largest10_accuracy_still_load_and_draw(runs_root, tmp_path):
+    """A run whose metrics.csv lacks largest10_accuracy (plfl before it wrote the column) loads in the report
+    and in plfl compare; the tail figure leaves that panel out, or leaves that run out of it beside a newer run."""
+    from plfl.callbacks.files import csv_text
+    from plfl.compare import comparison_table, read_run
+
+    old = tmp_path / "old" / "fedala" / "20250101-000000"
+    shutil.copytree(run_dir(runs_root, "fedala"), old)
+    rows = [{k: v for k, v in r.items() if k != "largest10_accuracy"} for r in read_csv(old / "metrics.csv")]
+    (old / "metrics.csv").write_text(csv_text(rows))
+    (old_run,) = load_runs([tmp_path / "old"])
+    assert not old_run.has("largest10_accuracy")
+    figures = {f.layout.title.text: f for f in all_figures([old_run])}
+    tails = figures["Worst-10 % and top-10 % client accuracy"]  # two panels, as before
+    assert [a.text for a in tails.layout.annotations] == ["worst 10 % of clients", "top 10 % of clients"]
+    assert [t.xaxis for t in tails.data] == ["x", "x2"]
+
+    new_run = load_runs([run_dir(runs_root, "pfedla")])[0]
+    label_runs([old_run, new_run])
+    mixed = {f.layout.title.text: f for f in all_figures([old_run, new_run])}[TITLES[2]]
+    assert [(t.name, t.xaxis) for t in mixed.data if t.xaxis == "x3"] == [("pfedla", "x3")]
+    write_report([tmp_path / "old", run_dir(runs_root, "pfedla")], tmp_path / "report.html")
+    assert "largest 10 % of clients (weighted)" in (tmp_path / "report.html").read_text()
+    assert "(n=1)" in comparison_table([read_run(old)])
 
 
 @dataclass
@@ -506,7 +539,13 @@ def test_twenty_run_report_renders_readably_in_headless_chromium(sweep_root, tmp
 
     before, after = result.then
     assert [f["title"] for f in before] == TITLES[:5] + ["ALA weight statistics"]
-    assert [f["yaxes"] for f in before[:5]] == [["linear"], ["category"], ["linear", "linear"], ["log"], ["log", "log"]]
+    assert [f["yaxes"] for f in before[:5]] == [
+        ["linear"],
+        ["category"],
+        ["linear", "linear", "linear"],
+        ["log"],
+        ["log", "log"],
+    ]
     for figure in before:
         assert figure["legend"] == ([] if figure["title"] == TITLES[1] else SWEEP_LABELS), figure["title"]
         assert not figure["scrolls"] and figure["hidden"] == [], figure["title"]  # every entry in view

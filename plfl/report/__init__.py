@@ -1,13 +1,13 @@
 """``plfl report``: one self-contained interactive HTML page of finished runs.
 
 The page shows, for the runs given: accuracy per round, the client accuracy
-distribution at each run's best round, worst-10 % / top-10 % client accuracy,
-seconds and bytes per round (log axes), and the method-specific panels a run
-has data for (global-model accuracy, ALA weights, Self-FL's σ_0², σ_m², l_m,
-pFedLA's aggregation-weight heatmaps). It stays readable with many runs (a
-sweep's): short legend labels with the details on hover, one colour per run,
-and a legend click shows or hides a run in every figure. plotly.js is
-embedded, so the page opens offline.
+distribution at each run's best round, worst-10 % / top-10 % client accuracy
+and the largest 10 % of clients' accuracy, seconds and bytes per round (log
+axes), and the method-specific panels a run has data for (global-model
+accuracy, ALA weights, Self-FL's σ_0², σ_m², l_m, pFedLA's aggregation-weight
+heatmaps). It stays readable with many runs (a sweep's): short legend labels
+with the details on hover, one colour per run, and a legend click shows or
+hides a run in every figure. plotly.js is embedded, so the page opens offline.
 
 Modules: ``runs`` reads run directories, ``figures`` builds one plotly figure
 per panel, ``page`` assembles the HTML.

@@ -145,14 +145,15 @@ def client_distribution_figure(runs: list[ReportRun]) -> go.Figure:
 
 def tail_figure(runs: list[ReportRun]) -> go.Figure:
     """Worst-10 % (metrics.csv ``worst10_accuracy``) and top-10 % (from clients.csv) mean client accuracy
-    per evaluated round, side by side on one scale: the ⌈10 %⌉ rule of plfl.metrics.tail_means."""
-    fig = make_subplots(
-        rows=1,
-        cols=2,
-        shared_yaxes=True,
-        horizontal_spacing=0.04,
-        subplot_titles=["worst 10 % of clients", "top 10 % of clients"],
-    )
+    per evaluated round, side by side on one scale: the ⌈10 %⌉ rule of plfl.metrics.tail_means; and beside
+    them the sample-weighted accuracy of the ⌈10 %⌉ largest clients (``largest10_accuracy``, Self-FL's
+    Table 1) for the runs whose metrics.csv has it. Runs written before plfl wrote that column have no line
+    in that panel, and where none of the runs has it the panel is left out."""
+    largest = [run for run in runs if run.has("largest10_accuracy")]
+    titles = ["worst 10 % of clients", "top 10 % of clients"]
+    if largest:
+        titles.append("largest 10 % of clients (weighted)")
+    fig = make_subplots(rows=1, cols=len(titles), shared_yaxes=True, horizontal_spacing=0.04, subplot_titles=titles)
     for run in runs:
         rounds, worst = run.series("worst10_accuracy")
         fig.add_trace(_line(runs, run, rounds, [100 * w for w in worst], "worst 10 % ", hover=PERCENT), row=1, col=1)
@@ -162,6 +163,15 @@ def tail_figure(runs: list[ReportRun]) -> go.Figure:
             row=1,
             col=2,
         )
+    for run in largest:
+        rounds, values = run.series("largest10_accuracy")
+        fig.add_trace(
+            _line(runs, run, rounds, [100 * v for v in values], "largest 10 % ", hover=PERCENT, show_legend=False),
+            row=1,
+            col=3,
+        )
+    if largest:
+        return _layout(fig, "Worst-10 %, top-10 % and largest-10 % client accuracy", "accuracy (%)")
     return _layout(fig, "Worst-10 % and top-10 % client accuracy", "mean client accuracy (%)")
 
 
