@@ -1,6 +1,6 @@
 """Comparison tables of finished runs: method (and its settings) × data set, mean ± std over seeds.
 
-Two Markdown tables. Accuracy in the layout of FedALA's Table 2 (AAAI 2023):
+Markdown tables. Accuracy in the layout of FedALA's Table 2 (AAAI 2023):
 one row per method, one column per data set, each cell the best test
 accuracy (%) as mean ± std over the runs (seeds) of that method on that data
 set; std is the population standard deviation (NumPy's default, as PFLlib
@@ -12,8 +12,12 @@ executor and logging, checkpoint and progress keys do not. Costs below it, one
 row per (row, data set): mean seconds per training round and scalars sent per
 round over the same runs. Costs are never averaged across data sets: a data
 set's model and clients set them (one method's seconds per round on MNIST's
-CNN and on digits' MLP differ by orders of magnitude). Runs that did not
-complete are listed after the tables with their status and left out.
+CNN and on digits' MLP differ by orders of magnitude). Then, for runs whose
+summary holds them, the clients at the final round in the layout of Self-FL's
+Table 1 (NeurIPS 2022): the accuracy, the mean accuracy of the worst 10 % of
+clients and the sample-weighted accuracy of the 10 % with the most samples.
+Runs that did not complete are listed after the tables with their status and
+left out.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ SAME_EXPERIMENT_SECTIONS = ("data.", "logger.", "ray.")  # data: the table's col
 OWN_CLIENTS = ("leaf", "shakespeare")  # sources whose clients come with the data (one per user or role)
 
 
+# The clients table's columns (Self-FL's Table 1 beside the overall accuracy), RunRecord fields.
+FINAL_COLUMNS = ("final_accuracy", "final_worst10", "final_largest10")
+
+
 @dataclass
 class RunRecord:
     """What a comparison needs of one run."""
@@ -64,6 +72,10 @@ class RunRecord:
     params_sent_per_round: Optional[float]  # scalars
     config: dict[str, Any] = field(default_factory=dict)  # config.yaml by dotted key, e.g. "method.s"
     note: str = ""  # why an incomplete run stopped: its error or signal
+    # At the final round, fractions in [0, 1]; None in runs from before summary.json held them.
+    final_accuracy: Optional[float] = None
+    final_worst10: Optional[float] = None
+    final_largest10: Optional[float] = None
 
 
 def read_run(run_dir: Path) -> RunRecord:
@@ -90,6 +102,9 @@ def read_run(run_dir: Path) -> RunRecord:
         result.get("params_sent_per_round"),
         dict(dotted_items(cfg)),
         result.get("error") or result.get("signal") or "",
+        result.get("final_accuracy"),
+        result.get("final_worst10_accuracy"),
+        result.get("final_largest10_accuracy"),
     )
 
 
@@ -107,6 +122,7 @@ def dataset_name(cfg) -> str:
         "pathological": f"pathological({data.get('classes_per_client')} classes)",
         "classes": f"classes({data.get('classes_per_client')} classes)",
         "dominant": f"dominant({data.get('dominant_classes')} classes, {data.get('dominant_fraction')})",
+        "fedprox": f"fedprox({data.get('classes_per_client')} classes)",
     }.get(data.partition, data.partition)
     clients = data.get("num_clients") or DEFAULT_NUM_CLIENTS
     return f"{name} {partition}, {clients} clients"
@@ -196,6 +212,10 @@ def comparison_table(records: list[RunRecord]) -> str:
     datasets = list(dict.fromkeys(r.dataset for r in done))
     accuracy = ["| method | " + " | ".join(datasets) + " |", "| --- " * (len(datasets) + 1) + "|"]
     costs = ["| method | data set | s/round | params sent/round | n |", "| --- " * 5 + "|"]
+    clients = [
+        "| method | data set | final accuracy | worst 10 % of clients | largest 10 % of clients | n |",
+        "| --- " * 6 + "|",
+    ]
     for row in rows:
         cells = []
         for dataset in datasets:
@@ -205,7 +225,12 @@ def comparison_table(records: list[RunRecord]) -> str:
                 seconds = statistics.fmean(r.seconds_per_round for r in runs)
                 params = statistics.fmean(r.params_sent_per_round for r in runs)
                 costs.append(f"| {row} | {dataset} | {seconds:,.2f} | {params:,.0f} | {len(runs)} |")
+            final = [r for r in runs if r.final_largest10 is not None]
+            if final:
+                values = [mean_std([getattr(r, k) for r in final]) for k in FINAL_COLUMNS]
+                clients.append(f"| {row} | {dataset} | " + " | ".join(values) + f" | {len(final)} |")
         accuracy.append(f"| {row} | " + " | ".join(cells) + " |")
     left_out = [f"- {r.run_dir}: {r.status}" + (f" ({r.note})" if r.note else "") for r in records if r not in done]
     note = ["", "Not completed, left out:", *left_out] if left_out else []
-    return "\n".join((accuracy + [""] + costs if done else ["No completed run."]) + note)
+    tables = accuracy + [""] + costs + ([""] + clients if len(clients) > 2 else [])
+    return "\n".join((tables if done else ["No completed run."]) + note)

@@ -281,6 +281,9 @@ class FederationLoop:
             "best_round": self.best[1] if self.best else None,
             "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,
             "final_round": evaluated[-1]["round"] if evaluated else None,
+            # Self-FL's Table 1 columns at the final round (plfl.metrics.federation_metrics).
+            "final_worst10_accuracy": evaluated[-1]["worst10_accuracy"] if evaluated else None,
+            "final_largest10_accuracy": evaluated[-1]["largest10_accuracy"] if evaluated else None,
             "seconds_per_round": mean("seconds"),
             "total_seconds": sum(r.metrics["seconds"] for r in self.history),
             "params_sent_per_round": mean("params_sent"),

@@ -11,14 +11,19 @@ from plfl.compare import comparison_table, find_runs, read_run
 from plfl.errors import PlflError
 
 
-def fake_run(path, method, source, seed, best, status="completed", seconds=2.0, params=100.0, **sections):
-    """A run directory's config.yaml and summary.json; ``keys`` in ``sections``: more config by section."""
+def fake_run(path, method, source, seed, best, status="completed", seconds=2.0, params=100.0, final=None, **sections):
+    """A run directory's config.yaml and summary.json; ``final``: (accuracy, worst 10 %, largest 10 %) at the
+    final round, None for a summary from before they were kept; ``keys`` in ``sections``: more config by
+    section."""
     path.mkdir(parents=True)
     config = {"method": {"name": method}, "data": {"source": source, "root": None}, "federation": {"seed": seed}}
     for section, values in sections.get("keys", {}).items():
         config[section] = {**config.get(section, {}), **values}
     OmegaConf.save(config, path / "config.yaml")
     summary = {"status": status, "best_accuracy": best, "seconds_per_round": seconds, "params_sent_per_round": params}
+    if final is not None:
+        keys = ("final_accuracy", "final_worst10_accuracy", "final_largest10_accuracy")
+        summary.update(zip(keys, final))
     if status != "completed":
         summary["error" if status == "failed" else "signal"] = "RuntimeError: boom" if status == "failed" else "SIGINT"
     (path / "summary.json").write_text(json.dumps(summary))
@@ -54,6 +59,20 @@ def test_costs_are_per_data_set_never_averaged_across_them(tmp_path):
         "| fedala | mnist | 103.25 | 11,640,520 | 2 |",  # (102 + 104.5) / 2
         "| fedavg | digits | 0.25 | 6,050 | 1 |",
     ]
+
+
+def test_the_clients_table_holds_self_fls_table_1_columns_for_runs_that_recorded_them(tmp_path):
+    fake_run(tmp_path / "s0", "selffl", "digits", 0, 0.8, final=(0.7, 0.2, 0.9))
+    fake_run(tmp_path / "s1", "selffl", "digits", 1, 0.8, final=(0.8, 0.4, 0.7))
+    fake_run(tmp_path / "f0", "fedavg", "digits", 0, 0.6)  # a summary without them: no row
+    clients = comparison_table([read_run(d) for d in find_runs([tmp_path])]).split("\n\n")[2].splitlines()
+    assert clients == [
+        "| method | data set | final accuracy | worst 10 % of clients | largest 10 % of clients | n |",
+        "| --- | --- | --- | --- | --- | --- |",
+        "| selffl | digits | 75.00 ± 5.00 | 30.00 ± 10.00 | 80.00 ± 10.00 | 2 |",
+    ]
+    fake_run(tmp_path / "only-old", "fedavg", "mnist", 0, 0.6)
+    assert comparison_table([read_run(tmp_path / "only-old")]).count("\n\n") == 1  # no clients table
 
 
 def test_not_a_run_is_refused(tmp_path):

@@ -85,9 +85,15 @@ def test_a_short_run_writes_largest10_accuracy_of_its_largest_client(digits_conf
     header = (run_dir / "metrics.csv").read_text().splitlines()[0].split(",")
     assert header.index("largest10_accuracy") == header.index("worst10_accuracy") + 1
 
+    assert summary["final_largest10_accuracy"] == rows[-1]["largest10_accuracy"]
+    assert summary["final_worst10_accuracy"] == rows[-1]["worst10_accuracy"]
+
     capsys.readouterr()
     assert main(["compare", str(run_dir)]) == 0
-    assert f"| {summary['method']} | {100 * summary['best_accuracy']:.2f} (n=1) |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"| {summary['method']} | {100 * summary['best_accuracy']:.2f} (n=1) |" in out
+    final = [100 * rows[-1][k] for k in ("accuracy", "worst10_accuracy", "largest10_accuracy")]
+    assert " | ".join(f"{v:.2f}" for v in final) + " | 1 |" in out
 
 
 @pytest.mark.slow
