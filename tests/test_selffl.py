@@ -188,6 +188,45 @@ def test_aggregation_by_hand(tiny_federation):
     assert sent.keys() - zeros.keys() == {SIGMA0_SQ, TOTAL_WEIGHT}
 
 
+def test_aggregation_by_samples_is_the_ablations_fedavg_weights_smoothed(tiny_federation):
+    context, model = make_context(tiny_federation, join_ratio=0.5)
+    zeros = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    method = SelfFL(SelfFLConfig(warmup_rounds=0, aggregation="samples"), context, zeros)
+    uploads = {
+        i: {**{k: torch.full_like(v, value) for k, v in zeros.items()}, SIGMA_SQ: torch.tensor(s, dtype=torch.float64)}
+        for i, value, s in ((0, 1.0, 2.0), (1, 3.0, 6.0))
+    }
+    method.aggregate(uploads, round_=1)
+    # Clients 0 and 1 hold 10 and 20 training samples: Θ̂ = (10 · 1 + 20 · 3) / 30 = 7/3; Θ = 0.5 · 0 + 0.5 · 7/3.
+    assert all(torch.allclose(v, torch.full_like(v, 7 / 6)) for v in method.global_params.values())
+
+
+def selffl_rows(digits_config, **options) -> list[dict[str, str]]:
+    """tables/selffl_clients.csv of a 3-round Self-FL digits run (every client every round, warm-up 1)."""
+    config = digits_config(**{"method.name": "selffl", "method.warmup_rounds": 1, "method.l_max": 10, **options})
+    run_dir, summary = run_experiment(config)
+    assert summary["status"] == "completed"
+    with open(run_dir / "tables" / "selffl_clients.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_fixed_steps_train_the_baselines_steps_where_the_rule_would_train_l_m(digits_config):
+    rows = selffl_rows(digits_config, **{"method.steps": "fixed", "federation.local_steps": 3})
+    ruled = [r for r in rows if r["rule_steps"]]
+    assert len(ruled) == 5  # round 3: the five clients with two uploads
+    assert {r["local_steps"] for r in ruled} == {"3"} and {r["rule_steps"] for r in ruled} != {"3"}
+
+
+def test_warmup_uploads_enter_the_variance_unless_switched_off(digits_config):
+    with_warmup = selffl_rows(digits_config)
+    without = selffl_rows(digits_config, **{"method.warmup_variance": False})
+    # Round r's row counts the uploads that entered σ_m²: r, or r − 1 without the warm-up round's.
+    assert [r["uploads"] for r in with_warmup] == ["1"] * 5 + ["2"] * 5 + ["3"] * 5
+    assert [r["uploads"] for r in without] == [""] * 5 + ["1"] * 5 + ["2"] * 5
+    # Without: the first σ_m² comes at round 3, so round 3 still trains FedAvg-style (no l_m yet).
+    assert not any(r["rule_steps"] for r in without) and all(r["rule_steps"] for r in with_warmup[10:])
+
+
 def test_bad_options_are_rejected(tiny_federation, digits_config):
     with pytest.raises(ConfigError, match="method.init"):
         digits_config(**{"method.name": "selffl", "method.init": "zero"})

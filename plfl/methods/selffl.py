@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 
 from plfl.errors import ConfigError
-from plfl.fields import checked, one_of
+from plfl.fields import checked, documented, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.fedavg import weighted_average
 from plfl.plots import Panel, Panels
@@ -56,6 +56,24 @@ class SelfFLConfig(MethodConfig):
     )
     eps: float = checked(
         1e-10, lambda v: v > 0, "a number > 0", "floor of σ_m² and σ_0², so that the precisions stay finite"
+    )
+    # The ablation of the paper's Fig. 2b: each component can be replaced by FedAvg's.
+    steps: str = one_of(
+        "rule",
+        ("rule", "fixed"),
+        "local training length: rule = Eq. 8's l_m clipped to [l_min, l_max], fixed = federation.local_steps "
+        "(or local_epochs) as the baselines train (ablation)",
+    )
+    aggregation: str = one_of(
+        "variance",
+        ("variance", "samples"),
+        "weights of the round's uploads: variance = the precisions w_m (Eq. 11), samples = the clients' "
+        "training-sample counts as FedAvg (ablation); both smoothed by C",
+    )
+    warmup_variance: bool = documented(
+        True,
+        "the warm-up rounds' uploads enter each client's σ_m² (Eq. 13); false: only uploads after the warm-up "
+        "count, as the paper's warm start suggests (Sec. 3.2)",
     )
 
 
@@ -186,6 +204,11 @@ class SelfFL(Method):
     σ_m² are known. (The first Self-FL initialisation removes w̃_m Θ_m from
     a FedAvg average, an approximation for that one round.)
 
+    Ablation (the paper's Fig. 2b): ``steps: fixed`` trains ``federation.local_steps`` in place of l_m,
+    ``aggregation: samples`` weighs the uploads by training samples in place of w_m (still smoothed by C),
+    ``init: global`` starts from Θ^{t-1}; each alone replaces one component by FedAvg's.
+    ``warmup_variance: false`` leaves the warm-up's uploads out of σ_m².
+
     Evaluated model: the client's personalized model, its latest trained Θ_m
     (the paper's Fig. 3); ``pre_local_init`` returns it (Θ^{t-1} for a client
     that never trained); ``local_train`` computes INIT_m from the message the
@@ -237,7 +260,7 @@ class SelfFL(Method):
 
     def pre_local_init(self, client_id: int, message: Optional[Params], round_: int) -> Params:
         """The client's personal Θ_m (the received Θ^{t-1} before its first training)."""
-        if self.store.get(client_id, "selffl_count", 0) == 0:
+        if not self.store.get(client_id, "selffl_trained", False):
             return {k: v.clone() for k, v in message.items() if k not in SCALARS}
         return self.store.get(client_id, "model")
 
@@ -251,8 +274,17 @@ class SelfFL(Method):
         else:
             share, rule_steps = plan
             start = loo_init(global_params, params, share) if self.config.init == "loo" else global_params
-            result = yield self.train_task(client_id, start, round_, "local_training", steps=self.clipped(rule_steps))
+            length = (
+                {"steps": self.clipped(rule_steps)}
+                if self.config.steps == "rule"
+                else self.context.federation.local_length()
+            )
+            result = yield self.train_task(client_id, start, round_, "local_training", **length)
+        self.store.set(client_id, "selffl_trained", True)
         self.store.set(client_id, "selffl_rule_steps", None if plan is None else plan[1])
+        self.store.set(client_id, "selffl_steps", None if plan is None else length.get("steps"))
+        if round_ <= self.config.warmup_rounds and not self.config.warmup_variance:
+            return result
         count, mean, m2 = welford_update(
             self.store.get(client_id, "selffl_count", 0),
             self.store.get(client_id, "selffl_mean"),
@@ -301,7 +333,9 @@ class SelfFL(Method):
             sizes = [self.context.data.clients[i].num_train for i in models]
             self.global_params = weighted_average(list(models.values()), sizes)
         else:
-            estimate = weighted_average(list(models.values()), [weights[i] for i in models])
+            sizes = [self.context.data.clients[i].num_train for i in models]
+            variance = self.config.aggregation == "variance"
+            estimate = weighted_average(list(models.values()), [weights[i] for i in models] if variance else sizes)
             self.global_params = smooth(self.global_params, estimate, self.context.federation.join_ratio)
 
     def population_weights(self) -> Optional[list[float]]:
@@ -316,16 +350,18 @@ class SelfFL(Method):
         return self.global_params
 
     def round_metrics(self, round_: int) -> dict[str, float]:
-        """σ_0², the trained clients' mean σ_m², their mean l_m as trained, and the median of Eq. 8's l_m
-        before the clip (``selffl_rule_steps_median``: above ``method.l_max`` when the cap binds)."""
+        """σ_0², the trained clients' mean σ_m², the mean of their local steps as trained by Self-FL's rules (l_m
+        clipped; ``steps: fixed``: ``federation.local_steps``), and the median of Eq. 8's l_m before the clip
+        (``selffl_rule_steps_median``: above ``method.l_max`` when the cap binds)."""
         metrics = {} if self.sigma0_sq is None else {"selffl_sigma0_sq": self.sigma0_sq}
         sigmas = [s for i in self.trained if (s := self.store.get(i, "selffl_sigma_sq")) is not None]
         rule_steps = [s for i in self.trained if (s := self.store.get(i, "selffl_rule_steps")) is not None]
-        steps = [self.clipped(s) for s in rule_steps]
+        steps = [s for i in self.trained if (s := self.store.get(i, "selffl_steps")) is not None]
         if sigmas:
             metrics["selffl_sigma_sq_mean"] = sum(sigmas) / len(sigmas)
         if steps:
             metrics["selffl_local_steps_mean"] = sum(steps) / len(steps)
+        if rule_steps:
             metrics["selffl_rule_steps_median"] = statistics.median(rule_steps)
         return metrics
 
@@ -335,14 +371,13 @@ class SelfFL(Method):
             return {}
         rows = []
         for i in self.trained:
-            rule_steps = self.store.get(i, "selffl_rule_steps")
             rows.append(
                 {
                     "client": i,
                     "uploads": self.store.get(i, "selffl_count"),
                     "sigma_sq": self.store.get(i, "selffl_sigma_sq"),
-                    "local_steps": None if rule_steps is None else self.clipped(rule_steps),
-                    "rule_steps": rule_steps,
+                    "local_steps": self.store.get(i, "selffl_steps"),
+                    "rule_steps": self.store.get(i, "selffl_rule_steps"),
                 }
             )
         return {"selffl_clients": rows}
