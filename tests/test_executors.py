@@ -601,6 +601,24 @@ def test_local_steps_train_every_client_the_same_batches_in_both_executors_and_i
                 torch.testing.assert_close(value, getattr(b, field)[key], atol=1e-5, rtol=0)
 
 
+def test_clients_of_different_lengths_train_in_one_cohort_as_sequential(tiny_federation, monkeypatch):
+    """Self-FL's clients each train their own l_m steps: one cohort, its members stopping at their own length."""
+    context, model = make_context(tiny_federation, batch_size=7)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    tasks = [TrainTask(i, start, seed=i, steps=s) for i, s in enumerate((2, 5, 1))] + [TrainTask(3, start, 3, epochs=1)]
+    executor = vectorized(context)
+    cohorts = []
+    run_cohort = executor._train_cohort
+    monkeypatch.setattr(
+        executor, "_train_cohort", lambda tasks, rows: cohorts.append(len(tasks)) or run_cohort(tasks, rows)
+    )
+    for one, other in zip(sequential(context).train(tasks), executor.train(tasks)):
+        assert one.samples_seen == other.samples_seen
+        for key, value in one.params.items():
+            torch.testing.assert_close(value, other.params[key], atol=1e-5, rtol=0)
+    assert cohorts == [4]
+
+
 def test_drop_last_refuses_a_client_smaller_than_a_batch(digits_config):
     with pytest.raises(ConfigError, match=r"federation.drop_last=true leaves \d+ client\(s\) without a full batch"):
         run_experiment(digits_config(**{"federation.drop_last": True, "federation.batch_size": 1000}))

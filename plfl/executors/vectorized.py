@@ -111,7 +111,8 @@ class VectorizedExecutor:
             return self._fall_back(self.train_reason, self.fallback.train, tasks)
         return self._in_cohorts(
             tasks,
-            lambda t: (t.epochs, t.steps, t.trainable, None if t.proximal is None else t.proximal.mu),
+            # Lengths may differ within a cohort (the lock-step schedule drops finished members): Self-FL's l_m.
+            lambda t: (t.trainable, None if t.proximal is None else t.proximal.mu),
             self._training_rows,
             self._train_cohort,
             "local training",
