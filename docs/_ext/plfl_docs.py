@@ -84,6 +84,18 @@ DATASETS = {
         "MNIST over 1000 clients of 2 digits each, a tenth of them training each round "
         "(`configs/fedavg-mnist1000.yaml`): plfl's memory with many clients.",
     ),
+    "mnist-fedprox": (
+        "MNIST, FedProx's federation",
+        "MNIST's 70,000 digits over 1000 clients of 2 consecutive classes each with power-law sample counts and a "
+        "90/10 split per client (`data.partition: fedprox`), multinomial logistic regression, a tenth of the "
+        "clients per round: Self-FL's MNIST setting (`configs/selffl-mnist.yaml`).",
+    ),
+    "cifar10-pfedme": (
+        "CIFAR-10, pFedMe's federation",
+        "CIFAR-10's 60,000 images over 20 clients of 3 consecutive classes each with power-law sample counts "
+        "(`data.partition: fedprox`), 5 clients per round, PyTorch's tutorial CNN: Self-FL's CIFAR-10 setting "
+        "(`configs/selffl-cifar10.yaml`).",
+    ),
     "digits": (
         "digits",
         "scikit-learn's bundled 8×8 digits (1,797 images, 10 classes): the tests' 5-client federation, and "
@@ -97,7 +109,8 @@ DATASETS = {
     "femnist": (
         "FEMNIST",
         "The 51 writers of LEAF's non-IID FEMNIST sample: 62 classes, each writer's own handwriting, LEAF's 90/10 "
-        "split per writer (`configs/selffl-femnist.yaml`, `configs/fedavg-femnist.yaml`).",
+        "split per writer (`configs/selffl-femnist.yaml`, `configs/selffl-femnist-cnn.yaml`, "
+        "`configs/fedavg-femnist.yaml`).",
     ),
     "agnews": (
         "AG News",
