@@ -83,6 +83,22 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return 100 * statistics.fmean(values), 100 * statistics.pstdev(values)
 
 
+def round_table(setting: str, by_variant: dict[str, list[dict[int, dict[str, float]]]]) -> list[dict]:
+    """One row per variant and round that every seed's run evaluated: ``<metric>`` and ``<metric>_std``, the mean
+    and population std over the seeds in %, rounded to 2 decimals, for each of :data:`METRICS` all runs hold.
+    ``by_variant``: variant → one :func:`rounds_of` per seed."""
+    rows = []
+    for variant, seeds_rounds in by_variant.items():
+        for round_ in sorted(set.intersection(*(set(r) for r in seeds_rounds))):
+            row = {"setting": setting, "method": variant, "round": round_, "seeds": len(seeds_rounds)}
+            for key in METRICS:
+                values = [r[round_][key] for r in seeds_rounds if key in r[round_]]
+                if len(values) == len(seeds_rounds):
+                    row[key], row[f"{key}_std"] = (round(v, 2) for v in mean_std(values))
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setting", required=True, help="configs/selffl-<setting>.yaml: mnist, femnist, ...")
@@ -114,15 +130,7 @@ def main() -> None:
     for (variant, *_), run in zip(jobs, runs):
         by_variant.setdefault(variant, []).append(rounds_of(run))
 
-    rows = []
-    for variant, seeds_rounds in by_variant.items():
-        for round_ in sorted(set.intersection(*(set(r) for r in seeds_rounds))):
-            row = {"setting": args.setting, "method": variant, "round": round_, "seeds": len(seeds_rounds)}
-            for key in METRICS:
-                values = [r[round_][key] for r in seeds_rounds if key in r[round_]]
-                if len(values) == len(seeds_rounds):
-                    row[key], row[f"{key}_std"] = (round(v, 2) for v in mean_std(values))
-            rows.append(row)
+    rows = round_table(args.setting, by_variant)
     print(f"{args.setting}, final round, mean ± std over seeds {args.seeds} (%):")
     print("| method | accuracy | worst 10 % | largest 10 % | global model |\n| --- | --- | --- | --- | --- |")
     for variant in by_variant:
