@@ -163,6 +163,18 @@ def test_ray_runs_methods_as_sequential(local_ray, tmp_path, sequential_results,
         assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
 
 
+@pytest.mark.slow
+def test_local_steps_train_on_ray_as_on_the_sequential_executor(local_ray, tmp_path):
+    """federation.local_steps (Ditto: the global copy's steps, then its personal epoch), bit for bit."""
+    (sequential_run, ray_run) = (
+        run_results(run_experiment(matrix_config(tmp_path / e, "ditto", e, **{"federation.local_steps": 3}))[0])
+        for e in ("sequential", "ray")
+    )
+    assert sequential_run[:2] == ray_run[:2]
+    for one, other in zip(sequential_run[2], ray_run[2], strict=True):
+        assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
+
+
 class DiesOnce(ClientWorker):
     """Exits its process the first time any actor is asked to train client 2 (marked in the FAULTS folder)."""
 
