@@ -276,7 +276,8 @@ def test_image_shape_is_required_and_named_with_the_row_length(tmp_path):
         ({"source": "digits", "image_shape": [1, 8, 8]}, "data.image_shape=[1, 8, 8] is read only by data.source=leaf"),
         ({"source": "pfllib", "num_classes": 10}, "data.num_classes=10 is read only by data.source=leaf"),
         ({"source": "leaf", "beta": 0.5}, "data.beta=0.5 has no effect: data.source=leaf keeps the users"),
-        ({"source": "leaf", "repartition": True}, "data.repartition=true is read only by data.source=pfllib"),
+        ({"source": "leaf", "repartition": True}, "data.repartition=true with data.source=leaf pools images only"),
+        ({"source": "mnist", "repartition": True}, "data.repartition=true is read only by data.source=leaf or pfllib"),
     ],
 )
 def test_leaf_keys_and_partition_keys_are_refused_where_they_have_no_effect(keys, message):
@@ -309,6 +310,18 @@ def test_a_broken_leaf_file_through_plfl_fit_exits_2_without_a_run_directory(tmp
     assert status == 2, err
     assert err.startswith("plfl fit: ") and f"{root}/test.json is not valid JSON (line 1, column 2" in err
     assert "Traceback" not in err and not out.exists()
+
+
+@reads_shared_data(FEMNIST)
+def test_femnist_writers_pooled_and_repartitioned_give_the_asked_clients_and_every_image():
+    overrides = ["data.repartition=true", "data.partition=fedprox", "data.num_clients=200"]
+    overrides += ["data.classes_per_client=5", "data.min_per_class=2", "data.test_fraction=0.1"]
+    cfg = OmegaConf.to_object(load_config(ROOT / "configs" / "selffl-femnist.yaml", overrides))
+    data = load_federated_data(cfg.data, 0)
+    assert len(data.clients) == 200 and data.num_classes == 62
+    assert sum(c.num_train + c.num_test for c in data.clients) == 6716 + 773
+    for u, c in enumerate(data.clients):
+        assert set(torch.cat([c.y_train, c.y_test]).tolist()) == {(u + j) % 62 for j in range(5)}
 
 
 @reads_shared_data(FEMNIST)

@@ -320,7 +320,7 @@ def test_pfllib_without_repartition_keeps_its_clients(tmp_path):
     [
         (
             ["data.source=mnist", "data.repartition=true"],
-            r"data.repartition=true is read only by data.source=pfllib, not by data.source=mnist",
+            r"data.repartition=true is read only by data.source=leaf or pfllib, not by data.source=mnist",
         ),
         (
             ["data.source=pfllib", "data.partition=classes"],

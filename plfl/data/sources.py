@@ -4,7 +4,7 @@ A source is a :class:`DataSource`: a dataclass of its keys, its name, and :meth:
 its reader (imported then: the readers pull in torch, torchvision, PIL, tokenizers, which checking a config
 does without). Pooled sources (``digits``, the torchvision sets, ``imagefolder``, ``agnews``) are split over
 clients by a :class:`~plfl.data.partition.Partition`; ``pfllib`` directories, LEAF files and the Shakespeare
-text hold their own clients (``pfllib`` pools and re-partitions them with ``data.repartition``).
+text hold their own clients (``pfllib`` and ``leaf``'s images pool and re-partition them with ``data.repartition``).
 :data:`DataConfig` is the ``data.*`` section: every source's and every partition's keys, of which a run's config
 sets only those its source and partition read (:mod:`plfl.config` checks that). A new source is a subclass here
 with its reader beside it (the data sources' guide).
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, Union
 
 from plfl.data.partition import partitions
+from plfl.errors import ConfigError
 from plfl.fields import Component, checked, documented, one_of, registry, section
 
 if TYPE_CHECKING:
@@ -187,33 +188,41 @@ class AGNews(Text, Files):
 
 
 @dataclass
-class PFLlib(Files):
-    """A PFLlib / FedALA data directory: ``config.json``, ``train/`` and ``test/``, one file per client."""
+class Repartitionable(Files):
+    """Files that hold their own clients, which ``data.repartition`` pools and partitions anew."""
 
-    choice = "pfllib"
-    keeps = "the clients and train/test splits of its files"
     repartition: bool = documented(
-        False, "pfllib: pool all clients' train and test files and partition them like a pooled source"
+        False,
+        "pfllib, leaf (images): pool all clients' train and test samples and partition them like a pooled source",
     )
-
-    def read(self) -> FederatedData:
-        from plfl.data.pfllib import load_pfllib
-
-        return load_pfllib(self.root, None if self.repartition else self.num_clients)
 
     def partitioned(self) -> bool:
         return self.repartition
 
     def unpartitioned(self, key: str, value: Any) -> str:
         return (
-            f"data.{key}={value} has no effect: data.source=pfllib keeps {self.keeps}. Set data.repartition=true to "
-            f"pool and re-partition them, or remove data.{key}."
+            f"data.{key}={value} has no effect: data.source={self.choice} keeps {self.keeps}. Set "
+            f"data.repartition=true to pool and re-partition them, or remove data.{key}."
         )
 
 
 @dataclass
-class Leaf(Text, Files):
-    """LEAF JSON files (FEMNIST, Sent140, ...): one client per user, with the files' train/test split."""
+class PFLlib(Repartitionable):
+    """A PFLlib / FedALA data directory: ``config.json``, ``train/`` and ``test/``, one file per client."""
+
+    choice = "pfllib"
+    keeps = "the clients and train/test splits of its files"
+
+    def read(self) -> FederatedData:
+        from plfl.data.pfllib import load_pfllib
+
+        return load_pfllib(self.root, None if self.repartition else self.num_clients)
+
+
+@dataclass
+class Leaf(Text, Repartitionable):
+    """LEAF JSON files (FEMNIST, Sent140, ...): one client per user, with the files' train/test split; images
+    can be pooled and partitioned anew (``data.repartition``)."""
 
     choice = "leaf"
     keeps = "the users (one client each) and train/test splits of its files"
@@ -230,15 +239,18 @@ class Leaf(Text, Files):
         "leaf: the class count (null: the largest label of both splits + 1; set it when classes may be absent)",
     )
 
+    def check(self) -> None:
+        if self.repartition and self.image_shape is None:
+            raise ConfigError(
+                "data.repartition=true with data.source=leaf pools images only (its texts are encoded with a "
+                "vocabulary of the files' own training split): set data.image_shape, or remove data.repartition."
+            )
+
     def read(self) -> FederatedData:
         from plfl.data.leaf import load_leaf
 
-        return load_leaf(
-            self.root, self.image_shape, self.num_classes, self.vocab_size, self.max_length, self.num_clients
-        )
-
-    def partitioned(self) -> bool:
-        return False
+        num_clients = None if self.repartition else self.num_clients
+        return load_leaf(self.root, self.image_shape, self.num_classes, self.vocab_size, self.max_length, num_clients)
 
 
 @dataclass
