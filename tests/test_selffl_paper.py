@@ -40,7 +40,6 @@ def test_a_completed_run_is_reused_and_an_unfinished_one_is_not(tmp_path):
 
 def test_an_unknown_setting_names_the_ones_there_are(monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["selffl_paper.py", "--setting", "svhn"])
-    with pytest.raises(
-        SystemExit, match="selffl-svhn.yaml does not exist; settings: cifar10, femnist, femnist-cnn, femnist-fedprox, mnist"
-    ):
+    settings = "cifar10, femnist, femnist-cnn, femnist-fedprox, mnist"
+    with pytest.raises(SystemExit, match=f"selffl-svhn.yaml does not exist; settings: {settings}"):
         paper.main()
