@@ -94,7 +94,8 @@ CASES = {
     ),
     "unknown model": (
         lambda t: ["--config", QUICKSTART, "model.name=vgg16"],
-        "Config key 'model.name' must be one of cnn, fasttext, lenet5, lstm, mclr, mlp, resnet18, transformer; got 'vgg16'.",
+        "Config key 'model.name' must be one of cnn, fasttext, lenet5, lstm, mclr, mlp, resnet18, transformer; "
+        "got 'vgg16'.",
     ),
     "unknown data set": (
         lambda t: ["--config", QUICKSTART, "data.source=imagenet"],
