@@ -135,7 +135,10 @@ METHODS = {
     ),
     "ditto": Pairing(
         "Ditto",
-        (Flag("mu", "method.lam"), Flag("plocal_epochs", "method.personal_epochs")),
+        (
+            Flag("mu", "method.lam"),
+            Flag("plocal_epochs", "method.personal_epochs", lambda epochs, cfg: epochs or _epochs(cfg)),
+        ),
         note="PFLlib prints its global model's accuracy, then the personal models'; the second is compared",
         evaluations=2,
     ),

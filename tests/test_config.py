@@ -100,7 +100,7 @@ def test_config_errors_name_the_key_and_the_fix(override, message):
     [
         ("fedprox", "method.mu=-0.1", "Config key 'method.mu' must be a number >= 0; got -0.1."),
         ("ditto", "method.lam=-1", "Config key 'method.lam' must be a number >= 0; got -1.0."),
-        ("ditto", "method.personal_epochs=0", "Config key 'method.personal_epochs' must be an integer >= 1; got 0."),
+        ("ditto", "method.personal_epochs=0", "'method.personal_epochs' must be null or an integer >= 1; got 0."),
         ("perfedavg", "method.variant=so", "must be one of fo, hf"),
         ("perfedavg", "method.alpha=0", "must be null or a number > 0"),
         ("perfedavg", "method.ala.s=50", "method.ala"),

@@ -1,5 +1,6 @@
 """Ditto: the personal step's pull λ(v − w), the uploaded global copy and what is evaluated."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -14,8 +15,8 @@ from plfl.seeding import derive_seed
 from conftest import last_metrics, make_context, run_hook, run_loop, sequential
 
 
-def make_method(data, **keys):
-    context, model = make_context(data, rounds=1)  # lr 0.1, batch 5
+def make_method(data, federation=None, **keys):
+    context, model = make_context(data, rounds=1, **(federation or {}))  # lr 0.1, batch 5
     return Ditto(DittoConfig(**keys), context, {k: v.clone() for k, v in model.state_dict().items()}), context
 
 
@@ -46,6 +47,34 @@ def test_personal_step_adds_lambda_pull_and_upload_is_fedavgs_global_copy(tiny_f
     assert all(torch.equal(result.upload[k], t) for k, t in fedavg.params.items())
     assert method.client_message(client, result, round_=2) is result.upload
     assert result.samples_seen == 2 * data.num_train  # one personal and one global epoch
+
+
+@pytest.mark.parametrize(
+    "federation, keys, samples",
+    [
+        ({"local_steps": 3}, {}, (15, 15)),  # a fixed-steps protocol: both models train 3 batches of 5
+        ({"local_epochs": 2}, {}, (40, 40)),
+        ({"local_steps": 3}, {"personal_epochs": 1}, (20, 15)),
+        ({"local_epochs": 2}, {"personal_epochs": 1}, (20, 40)),
+    ],
+)
+def test_personal_model_trains_as_long_as_the_global_copy_unless_personal_epochs_is_set(
+    tiny_federation, federation, keys, samples
+):
+    method, context = make_method(tiny_federation, federation, **keys)
+    w = method.global_params
+    seen = []
+    executor = sequential(context)
+    train = executor.train
+
+    def counted(tasks):  # the samples each training of client 1 (20 samples) sees, personal model first
+        results = train(tasks)
+        seen.extend(result.samples_seen for result in results)
+        return results
+
+    executor.train = counted
+    run_hook(context, method.local_train(1, w, w, round_=0), executor)
+    assert tuple(seen) == samples
 
 
 def test_personal_model_is_what_each_client_evaluates(tiny_federation):

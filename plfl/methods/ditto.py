@@ -3,11 +3,13 @@
 Client i solves min_v F_i(v) + λ/2 ‖v − w*‖², w* the global model that FedAvg learns (Eq. 2).
 Per round (Alg. 1), a sampled client with the received global model w:
 
-- personal model: v ← v − η (∇F_i(v) + λ (v − w)) per mini-batch, for ``method.personal_epochs``
-  epochs from its own v (``local_train``: a :class:`~plfl.tasks.ProximalTerm` anchored at w,
-  stream "personal_training");
-- global copy: FedAvg's local training from w for ``federation.local_epochs`` (stream
-  "local_training"); it is what the client uploads (``TrainResult.upload``);
+- personal model: v ← v − η (∇F_i(v) + λ (v − w)) per mini-batch from its own v (``local_train``: a
+  :class:`~plfl.tasks.ProximalTerm` anchored at w, stream "personal_training"), for as long as the
+  global copy trains (Alg. 1's s local iterations: ``federation.local_epochs`` or
+  ``federation.local_steps``), or ``method.personal_epochs`` epochs when set;
+- global copy: FedAvg's local training from w for ``federation.local_epochs`` or
+  ``federation.local_steps`` (stream "local_training"); it is what the client uploads
+  (``TrainResult.upload``);
 - server: FedAvg's sample-weighted average (inherited ``aggregate``).
 
 v is the client's model in the store: ``pre_local_init`` keeps it, so v is what each client
@@ -33,8 +35,8 @@ from plfl.tasks import ProximalTerm, TrainResult, Work
 @dataclass
 class DittoConfig(MethodConfig):
     """Ditto's keys (Li et al., ICML 2021, Eq. 2, Alg. 1); the global copy trains for
-    ``federation.local_epochs``. The kept personal model is Ditto's local initialisation, so
-    there is no ``method.ala``."""
+    ``federation.local_epochs`` or ``federation.local_steps``. The kept personal model is Ditto's
+    local initialisation, so there is no ``method.ala``."""
 
     lam: float = checked(
         1.0,
@@ -43,8 +45,12 @@ class DittoConfig(MethodConfig):
         "λ: weight of λ/2‖v − w‖², the personal model's pull to the global one (Eq. 2); "
         "1 as in the authors' scripts (PFLlib's shared -mu default 0 makes v a local model)",
     )
-    personal_epochs: int = checked(
-        1, lambda v: v >= 1, "an integer >= 1", "epochs of the personal model per round (PFLlib's plocal_epochs, 1)"
+    personal_epochs: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "null or an integer >= 1",
+        "epochs of the personal model per round (PFLlib's plocal_epochs); null: as long as the global copy, "
+        "federation.local_epochs or federation.local_steps (a fixed-steps protocol trains both for the same steps)",
     )
 
 
@@ -69,13 +75,20 @@ class Ditto(FedAvg):
             params,
             round_,
             "personal_training",
-            epochs=self.config.personal_epochs,
+            **self.personal_length(),
             proximal=ProximalTerm(message, self.config.lam),
         )
         global_copy = yield from super().local_train(client_id, message, message, round_)
         seen = personal.samples_seen + global_copy.samples_seen
         loss = (personal.loss * personal.samples_seen + global_copy.loss * global_copy.samples_seen) / seen
         return TrainResult(personal.params, loss, seen, upload=global_copy.params)
+
+    def personal_length(self) -> dict[str, int]:
+        """The personal model's training per round as task keywords: ``method.personal_epochs``, else the
+        federation's local length."""
+        if self.config.personal_epochs is not None:
+            return {"epochs": self.config.personal_epochs}
+        return self.context.federation.local_length()
 
     def global_model(self, round_: int) -> Params:
         return self.global_params
