@@ -1,10 +1,13 @@
 """Command line: ``plfl fit --config X.yaml [--seeds 0,1,2] [key=value ...]``, ``plfl fit --resume RUN_DIR``,
 ``plfl sweep X.yaml [--count N] [--parallel N] [key=value ...]``, ``plfl compare RUN_DIR...``,
-``plfl report RUN_DIR... [-o report.html]``, ``plfl methods [NAME]``, ``plfl --version``.
+``plfl reproduce SUITE [--cells PATTERN] [--rounds N] [--seeds K] [--parallel N] [key=value ...]``,
+``plfl reproduce --list``, ``plfl report RUN_DIR... [-o report.html]``, ``plfl methods [NAME]``,
+``plfl --version``.
 
 Only what a command needs is imported: Lightning, W&B and the data readers only when training, so that config
 errors, ``--print-config`` and ``plfl methods`` answer before them (the methods' modules, which a config is
-checked against, import torch). ``fit`` and ``sweep`` stop on SIGINT and SIGTERM (:mod:`plfl.stopping`)."""
+checked against, import torch). ``fit``, ``sweep`` and ``reproduce`` stop on SIGINT and SIGTERM
+(:mod:`plfl.stopping`)."""
 
 from __future__ import annotations
 
@@ -87,6 +90,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--output", "-o", type=Path, default=Path("report.html"), help="HTML file to write (default: report.html)"
     )
     report.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+    )
+    reproduce = commands.add_parser(
+        "reproduce", help="run a paper's table (a suite) and print plfl's values beside the paper's"
+    )
+    reproduce.add_argument("suite", nargs="?", help="suite YAML, or the name of one in suites/ (plfl reproduce --list)")
+    reproduce.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides for every run")
+    reproduce.add_argument("--list", action="store_true", help="list the repository's suites and exit")
+    reproduce.add_argument(
+        "--cells", metavar="PATTERN", help="only cells whose SETTING/METHOD matches, e.g. 'cifar10-*/*'"
+    )
+    reproduce.add_argument(
+        "--rounds", type=int, metavar="N", help="rounds per run (default the paper's; fewer mark the table scaled)"
+    )
+    reproduce.add_argument("--seeds", type=int, metavar="K", help="the first K seeds per cell (default the suite's)")
+    reproduce.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run up to N runs at once, each as a Ray task on one CPU (needs Ray, as plfl sweep --parallel)",
+    )
+    reproduce.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
     )
     methods = commands.add_parser("methods", help="list the methods (method.name) with their keys and defaults")
@@ -254,10 +280,38 @@ def sweep(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-COMMANDS = {"fit": fit, "sweep": sweep, "compare": compare, "report": report, "methods": methods}
+def reproduce(args: argparse.Namespace) -> int:
+    """``--list``: the suites with their cells; else run the suite and print its table. Returns 1 when a run of
+    a selected cell failed (the table lists it), else 0."""
+    from plfl.reproduce import list_suites, load_suite, run_suite, suite_list_hint, suite_path, suite_text
+
+    if args.list:
+        for suite in list_suites():
+            print(f"{suite.name}: {suite.title} ({len(suite.cells)} cells, {suite.rounds} rounds, {suite.seeds} seeds)")
+        return 0
+    if not args.suite:
+        raise PlflError(f"plfl reproduce needs a suite. {suite_list_hint()}")
+    suite = load_suite(suite_path(args.suite))
+    check_torch_builds()
+    os.environ.setdefault("WANDB_MODE", "offline")  # as plfl sweep: no server to log many runs to
+    suite_dir, results = run_suite(suite, args.overrides, args.cells, args.rounds, args.seeds, args.parallel)
+    print(suite_text(suite, results), end="")
+    print(f"Suite directory: {suite_dir} (results.csv, results.md; plfl report {suite_dir} shows its runs)")
+    return 1 if any(r.failed for r in results) else 0
+
+
+COMMANDS = {
+    "fit": fit,
+    "sweep": sweep,
+    "reproduce": reproduce,
+    "compare": compare,
+    "report": report,
+    "methods": methods,
+}
 INTERRUPTED = {
     "fit": "rounds finished so far are in the run directory; plfl fit --resume RUN_DIR continues",
     "sweep": "finished trials are saved; run the same command again to continue, the stopped trials first",
+    "reproduce": "finished runs are kept; run the same command again to continue the stopped ones",
     "compare": "nothing was written",
     "report": "the report may be incomplete; run the command again",
     "methods": "nothing was written",
@@ -275,12 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # argparse fills every positional at its first one, so `sweep X.yaml --count 3 a=b` (or `fit a=b --seeds 1,2
     # c=d`) leaves the later overrides over.
-    if extra and args.command in ("fit", "sweep") and not any(e.startswith("-") for e in extra):
+    if extra and args.command in ("fit", "sweep", "reproduce") and not any(e.startswith("-") for e in extra):
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        with stop_on_signals() if args.command in ("fit", "sweep") else contextlib.nullcontext():
+        with stop_on_signals() if args.command in ("fit", "sweep", "reproduce") else contextlib.nullcontext():
             return COMMANDS[args.command](args) or 0
     except Stopped as stop:
         return _fail(args, stopped_message(args.command, stop), stop.exit_status)
@@ -297,9 +351,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def stopped_message(command: str, stop: Stopped) -> str:
-    """What a stopped ``fit`` kept and how to continue it; for ``sweep``, where its trials are."""
-    if command == "sweep":
-        return f"Stopped by {stop.name}; {INTERRUPTED['sweep']}."
+    """What a stopped ``fit`` kept and how to continue it; for ``sweep`` and ``reproduce``, where their runs are."""
+    if command in ("sweep", "reproduce"):
+        return f"Stopped by {stop.name}; {INTERRUPTED[command]}."
     if stop.round is None:
         return f"Stopped by {stop.name} before round 0 finished; nothing to continue."
     from plfl.checkpoint import NAME, list_checkpoints  # torch is loaded already: the run trained

@@ -271,7 +271,11 @@ def run_sweep(
     if retry_failed:
         trials = [t for t in trials if t["status"] != "failed"]
     unfinished = [t for t in trials if t["status"] == "running"]  # left by an interrupted or killed invocation
-    runner = RayTrials(ray, parallel) if ray is not None else InProcessTrials()
+    runner = (
+        RayTrials(ray, parallel, sweep.metric, sweep.path)
+        if ray is not None
+        else InProcessTrials(sweep.metric, sweep.path)
+    )
     try:
         while True:
             while len(runner.running) < parallel:
@@ -299,10 +303,10 @@ def run_sweep(
                 echo(f"Trial {trial['trial']}: {' '.join(args)}{note}")
                 # Recorded before it runs, so that the next invocation finishes it if this one is stopped or killed.
                 _save(sweep_dir, identity, SweepResult(sweep, sweep_dir, trials))
-                runner.submit(trial["trial"], sweep, fixed + args, trial["run_dir"], resume)
+                runner.submit(trial["trial"], sweep.config_path, fixed + args, trial["run_dir"], resume)
             if not runner.running:
                 break
-            number, outcome = runner.next_finished(sweep)
+            number, outcome = runner.next_finished()
             trial = next(t for t in trials if t["trial"] == number)
             trial.update(outcome)
             _save(sweep_dir, identity, SweepResult(sweep, sweep_dir, trials))
@@ -342,7 +346,7 @@ def _running(sweep: Sweep, number: int, parameters: dict[str, Any], run_dir: Opt
         "trial": number,
         "parameters": parameters,
         "status": "running",
-        "metrics": _no_metrics(sweep),
+        "metrics": _no_metrics(sweep.metric),
         "run_dir": run_dir,
         "error": None,
     }
@@ -379,20 +383,24 @@ def _unless_empty(run_dir: Optional[str]) -> Optional[str]:
 
 
 class InProcessTrials:
-    """Runs each submitted trial in this process when its result is asked for (``--parallel 1``)."""
+    """Runs each submitted trial in this process when its result is asked for (``--parallel 1``). A trial is
+    ``plfl fit --config config_path overrides`` in ``run_dir``, or its continuation there (``resume``); its key
+    (a sweep's trial number, a suite's cell and seed) is any hashable value. ``metric`` (None: none), named in
+    the file ``source``, must be in each completed trial's summary.json."""
 
-    def __init__(self):
-        self.running: dict[int, tuple[list[str], Optional[str], bool]] = {}  # number → overrides, run_dir, resume
+    def __init__(self, metric: Optional[str], source: Path):
+        self.metric, self.source = metric, source
+        self.running: dict[Any, tuple[str, list[str], Optional[str], bool]] = {}  # key → config, overrides, ...
 
-    def submit(self, number: int, sweep: Sweep, overrides: list[str], run_dir: Optional[str], resume: bool) -> None:
-        self.running[number] = overrides, run_dir, resume
+    def submit(self, key: Any, config_path: str, overrides: list[str], run_dir: Optional[str], resume: bool) -> None:
+        self.running[key] = config_path, overrides, run_dir, resume
 
-    def next_finished(self, sweep: Sweep) -> tuple[int, dict[str, Any]]:
-        """(trial number, outcome) of the submitted trial, run now."""
+    def next_finished(self) -> tuple[Any, dict[str, Any]]:
+        """(key, outcome) of the submitted trial, run now."""
         from plfl.experiment import run_experiment
 
-        number, (overrides, run_dir, resume) = self.running.popitem()
-        return number, _run_trial(run_experiment, sweep, overrides, run_dir, resume)
+        key, (config_path, overrides, run_dir, resume) = self.running.popitem()
+        return key, _run_trial(run_experiment, config_path, overrides, run_dir, resume, self.metric, self.source)
 
     def close(self) -> None:
         """Nothing runs in the background."""
@@ -400,38 +408,43 @@ class InProcessTrials:
 
 class RayTrials:
     """Runs each submitted trial as a Ray task (one CPU, a worker process of its own) on a Ray started on this
-    machine with ``parallel`` CPUs, or on the one this process is connected to."""
+    machine with ``parallel`` CPUs, or on the one this process is connected to; trials as for
+    :class:`InProcessTrials`."""
 
-    def __init__(self, ray: Any, parallel: int):
-        self.ray = ray
+    def __init__(self, ray: Any, parallel: int, metric: Optional[str], source: Path):
+        self.ray, self.metric, self.source = ray, metric, source
         self.started = connect(ray, "local", parallel)
         self.task = ray.remote(num_cpus=1)(_run_trial_in_worker)
-        self.running: dict[int, Optional[str]] = {}  # trial number → run directory
-        self.numbers: dict[Any, int] = {}  # ObjectRef → trial number
+        self.running: dict[Any, Optional[str]] = {}  # trial key → run directory
+        self.numbers: dict[Any, Any] = {}  # ObjectRef → trial key
 
-    def submit(self, number: int, sweep: Sweep, overrides: list[str], run_dir: Optional[str], resume: bool) -> None:
+    def submit(self, key: Any, config_path: str, overrides: list[str], run_dir: Optional[str], resume: bool) -> None:
         environment = {k: os.environ[k] for k in ("WANDB_MODE",) if k in os.environ}  # the CLI's offline default
-        self.numbers[self.task.remote(os.getcwd(), environment, sweep, overrides, run_dir, resume)] = number
-        self.running[number] = run_dir
+        self.numbers[
+            self.task.remote(
+                os.getcwd(), environment, config_path, overrides, run_dir, resume, self.metric, self.source
+            )
+        ] = key
+        self.running[key] = run_dir
 
-    def next_finished(self, sweep: Sweep) -> tuple[int, dict[str, Any]]:
-        """(trial number, outcome) of the next trial to finish.
+    def next_finished(self) -> tuple[Any, dict[str, Any]]:
+        """(key, outcome) of the next trial to finish.
 
         Raises:
             PlflError: what the trial raised beyond a failed run (a metric missing from summary.json).
         """
         ((ref, trial),) = wait(self.ray, list(self.numbers))
-        number = self.numbers.pop(ref)
+        key = self.numbers.pop(ref)
         if isinstance(trial, self.ray.exceptions.RayTaskError):
             if isinstance(trial.cause, PlflError):
                 raise trial.cause from None
             raise trial
-        run_dir = self.running.pop(number)
+        run_dir = self.running.pop(key)
         if isinstance(trial, self.ray.exceptions.RayError):  # its worker process died (e.g. out of memory)
             trial = _failed(
-                sweep, _unless_empty(run_dir), f"{type(trial).__name__}: {str(trial).strip().splitlines()[0]}"
+                self.metric, _unless_empty(run_dir), f"{type(trial).__name__}: {str(trial).strip().splitlines()[0]}"
             )
-        return number, trial
+        return key, trial
 
     def close(self) -> None:
         """Stop the running trials, and Ray if this sweep started it."""
@@ -442,37 +455,50 @@ class RayTrials:
 
 
 def _run_trial_in_worker(
-    cwd: str, environment: dict[str, str], sweep: Sweep, overrides: list[str], run_dir: Optional[str], resume: bool
+    cwd: str,
+    environment: dict[str, str],
+    config_path: str,
+    overrides: list[str],
+    run_dir: Optional[str],
+    resume: bool,
+    metric: Optional[str],
+    source: Path,
 ) -> dict[str, Any]:
     """A trial in a Ray worker, from the sweep's working directory (relative paths) and environment."""
     from plfl.experiment import run_experiment
 
     os.chdir(cwd)
     os.environ.update(environment)
-    return _run_trial(run_experiment, sweep, overrides, run_dir, resume)
+    return _run_trial(run_experiment, config_path, overrides, run_dir, resume, metric, source)
 
 
-def _no_metrics(sweep: Sweep) -> dict[str, None]:
+def _no_metrics(metric: Optional[str]) -> dict[str, None]:
     # Unfinished and failed trials get the same (empty) metric columns, so the table's columns do not depend on
     # which trials completed.
-    return dict.fromkeys(SUMMARY_COLUMNS + ((sweep.metric,) if sweep.metric else ()))
+    return dict.fromkeys(SUMMARY_COLUMNS + ((metric,) if metric else ()))
 
 
-def _failed(sweep: Sweep, run_dir: Optional[str], error: str) -> dict[str, Any]:
-    return {"status": "failed", "metrics": _no_metrics(sweep), "run_dir": run_dir, "error": error}
+def _failed(metric: Optional[str], run_dir: Optional[str], error: str) -> dict[str, Any]:
+    return {"status": "failed", "metrics": _no_metrics(metric), "run_dir": run_dir, "error": error}
 
 
 def _run_trial(
-    run_experiment: Callable, sweep: Sweep, overrides: list[str], run_dir: Optional[str], resume: bool
+    run_experiment: Callable,
+    config_path: str,
+    overrides: list[str],
+    run_dir: Optional[str],
+    resume: bool,
+    metric: Optional[str],
+    source: Path,
 ) -> dict[str, Any]:
-    """Run one trial as ``plfl fit`` would, in ``run_dir`` (made by the sweep; None: the overrides do not give a
-    valid config). With ``resume``, continue the run there from its newest checkpoint with its own config.yaml,
-    as ``plfl fit --resume run_dir`` does; a run there that completed after the sweep's last record of it is
-    taken as it is. Any failure becomes ``status: failed`` with the error (and ``run_dir``, unless the run
-    wrote nothing there).
+    """Run one trial as ``plfl fit --config config_path overrides`` would, in ``run_dir`` (made by the caller;
+    None: the overrides do not give a valid config). With ``resume``, continue the run there from its newest
+    checkpoint with its own config.yaml, as ``plfl fit --resume run_dir`` does; a run there that completed after
+    the caller's last record of it is taken as it is. Any failure becomes ``status: failed`` with the error (and
+    ``run_dir``, unless the run wrote nothing there).
 
     Raises:
-        ConfigError: the sweep's metric is not in the run's summary.json.
+        ConfigError: ``metric`` (named in the file ``source``) is not in the run's summary.json.
     """
     try:
         if resume:
@@ -481,7 +507,7 @@ def _run_trial(
             if summary.get("status") != "completed":
                 _, summary = run_experiment(resume_config(Path(run_dir)), resume=Path(run_dir))
         else:
-            cfg = load_config(sweep.config_path, overrides)
+            cfg = load_config(config_path, overrides)
             made, summary = run_experiment(cfg, run_dir=run_dir and Path(run_dir))
             run_dir = str(made)
     except SystemExit as e:
@@ -489,16 +515,15 @@ def _run_trial(
         # fit into sys.exit(1): stop the sweep, the trial still recorded as running.
         raise KeyboardInterrupt from e
     except Exception as e:  # noqa: BLE001  a failing trial must not end the sweep
-        return _failed(sweep, _unless_empty(run_dir), f"{type(e).__name__}: {e}")
-    if sweep.metric is not None and sweep.metric not in summary:
+        return _failed(metric, _unless_empty(run_dir), f"{type(e).__name__}: {e}")
+    if metric is not None and metric not in summary:
         numeric = sorted(k for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
         raise ConfigError(
-            f"{sweep.path}: metric {sweep.metric!r} is not in summary.json ({run_dir}); "
-            f"use one of {', '.join(numeric)}."
+            f"{source}: metric {metric!r} is not in summary.json ({run_dir}); use one of {', '.join(numeric)}."
         )
     return {
         "status": "completed",
-        "metrics": {k: summary.get(k) for k in _no_metrics(sweep)},
+        "metrics": {k: summary.get(k) for k in _no_metrics(metric)},
         "run_dir": run_dir,
         "error": None,
     }

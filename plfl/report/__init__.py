@@ -60,12 +60,14 @@ def load_runs(paths: list[Path]) -> list[ReportRun]:
 
 def write_report(paths: list[Path], output: Path = Path("report.html")) -> Path:
     """Writes the report page of the runs in ``paths`` to ``output`` (its folder is created); returns ``output``.
+    A suite directory of ``plfl reproduce`` among ``paths`` adds its table (``results.json``) above the runs.
 
     Raises:
         PlflError: as load_runs, or ``output`` cannot be written.
     """
     runs = load_runs(paths)
-    text = page_html(runs, all_figures(runs))
+    suites = [json.loads((p / "results.json").read_text()) for p in paths if (p / "results.json").is_file()]
+    text = page_html(runs, all_figures(runs), suites=suites)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text, encoding="utf-8")

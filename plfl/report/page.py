@@ -58,6 +58,44 @@ def runs_table(runs: list[ReportRun]) -> str:
     return f"<table>{head}{''.join(rows)}</table>"
 
 
+def suite_table(suite: dict) -> str:
+    """A suite's table (``results.json`` of ``plfl reproduce``) in HTML: its title, a row per cell with plfl's
+    mean ± std beside the paper's value and the gap (percentage points), then its claims."""
+    head = "".join(
+        f"<th>{c}</th>" for c in ("setting", "method", "metric", "plfl (%)", "paper (%)", "gap", "seeds", "rounds")
+    )
+    rows = []
+    for r in suite["rows"]:
+        texts = [r["setting"], r["method"], r["metric"]]
+        numbers = [
+            _mean_std(r["plfl"], r["plfl_std"]),
+            _mean_std(r["paper"], r["paper_std"]),
+            "–" if r["gap"] is None else f"{r['gap']:+.2f}",
+            r["seeds"],
+            "–" if r["rounds"] is None else f"{r['rounds']}" + (" (scaled)" if r["scaled"] else ""),
+        ]
+        rows.append(
+            "<tr>"
+            + "".join(f"<td>{html.escape(str(c))}</td>" for c in texts)
+            + "".join(f'<td class="num">{html.escape(str(n))}</td>' for n in numbers)
+            + "</tr>"
+        )
+    claims = "".join(
+        f"<li>{html.escape(claim)}: " + "; ".join(html.escape(line) for line in lines) + "</li>"
+        for claim, lines in suite["claims"].items()
+    )
+    return (
+        f"<h2>{html.escape(suite['title'])}</h2><p>{html.escape(suite['paper'])}</p>"
+        f"<table><tr>{head}</tr>{''.join(rows)}</table>" + (f"<ul>{claims}</ul>" if claims else "")
+    )
+
+
+def _mean_std(mean, std) -> str:
+    if mean is None:
+        return "–"
+    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
+
+
 def figure_div(fig: go.Figure, index: int) -> str:
     """The figure as a <div> and its drawing script, without plotly.js (the page holds it once)."""
     return pio.to_html(
@@ -88,8 +126,11 @@ for (const source of figures) {
 """
 
 
-def page_html(runs: list[ReportRun], figures: list[go.Figure], title: str = "plfl report") -> str:
-    """The whole page: the runs table, then every figure; needs no network to open."""
+def page_html(
+    runs: list[ReportRun], figures: list[go.Figure], title: str = "plfl report", suites: list[dict] = ()
+) -> str:
+    """The whole page: the suites' tables (``plfl reproduce``), the runs table, then every figure; needs no
+    network to open."""
     divs = "\n".join(f'<div class="figure">{figure_div(fig, i)}</div>' for i, fig in enumerate(figures))
     return f"""<!DOCTYPE html>
 <html lang="en">
@@ -105,6 +146,7 @@ def page_html(runs: list[ReportRun], figures: list[go.Figure], title: str = "plf
 <p>{len(runs)} run{"s" if len(runs) != 1 else ""}. Accuracies in %: personalized models, each on its
 client's own test split. Hover for values and each run's method, data set, seed and directory; drag to
 zoom. A click on a run's legend entry hides or shows it in every figure; a double-click shows it alone.</p>
+{"".join(suite_table(suite) for suite in suites)}
 {runs_table(runs)}
 {divs}
 <script type="text/javascript">{SYNC_LEGENDS}</script>
