@@ -113,7 +113,9 @@ def dataset_name(cfg) -> str:
     partitions the data, the partition and client count, e.g. ``mnist Dir(0.1), 20 clients``: runs of one
     source split differently are different data sets."""
     data = cfg.data
-    name = data.source if data.source != "pfllib" else f"pfllib:{Path(data.root).name}"
+    name = {"pfllib": f"pfllib:{Path(str(data.get('root'))).name}", "hf": f"hf:{data.get('path')}"}.get(
+        data.source, data.source
+    )
     own = data.source in OWN_CLIENTS or (data.source == "pfllib" and not data.get("repartition", False))
     if own or "partition" not in data:
         return name  # the files' own clients
@@ -123,9 +125,14 @@ def dataset_name(cfg) -> str:
         "classes": f"classes({data.get('classes_per_client')} classes)",
         "dominant": f"dominant({data.get('dominant_classes')} classes, {data.get('dominant_fraction')})",
         "fedprox": f"fedprox({data.get('classes_per_client')} classes)",
+        "flwr": f"{data.get('partitioner')}({_arguments(data.get('partitioner_args'))})",
     }.get(data.partition, data.partition)
     clients = data.get("num_clients") or DEFAULT_NUM_CLIENTS
     return f"{name} {partition}, {clients} clients"
+
+
+def _arguments(args: Any) -> str:
+    return ", ".join(f"{k}={v}" for k, v in (args or {}).items())
 
 
 def find_runs(paths: list[Path]) -> list[Path]:

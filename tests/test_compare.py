@@ -185,3 +185,12 @@ def test_one_source_split_two_ways_is_two_data_sets(tmp_path):
         "| method | mnist Dir(0.1), 20 clients | mnist Dir(0.5), 100 clients | "
         "mnist classes(4 classes), 10 clients | pfllib:fedala-mnist-dir0.1 |"
     )
+
+
+def test_hub_data_and_flower_partitions_are_named_by_their_id_and_partitioner():
+    from plfl.compare import dataset_name
+
+    data = {"source": "hf", "path": "uoft-cs/cifar100", "num_clients": 20, "partition": "flwr"}
+    flower = {"partitioner": "DirichletPartitioner", "partitioner_args": {"alpha": 0.5, "partition_by": "label"}}
+    name = dataset_name(OmegaConf.create({"data": {**data, **flower}}))
+    assert name == "hf:uoft-cs/cifar100 DirichletPartitioner(alpha=0.5, partition_by=label), 20 clients"

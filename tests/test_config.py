@@ -76,7 +76,7 @@ def error_of(*overrides, path=QUICKSTART) -> str:
         (
             "data.source=imagenet",
             "Config key 'data.source' must be one of agnews, cifar10, cifar100, digits, fashionmnist, "
-            "imagefolder, leaf, mnist, pfllib, shakespeare; got 'imagenet'.",
+            "hf, imagefolder, leaf, mnist, pfllib, shakespeare; got 'imagenet'.",
         ),
         (
             "model.name=vgg",

@@ -1,5 +1,5 @@
-"""pFedLA's data settings (the classes and dominant partitions), FedProx's MNIST federation (the fedprox partition),
-re-partitioned PFLlib data, and their key checks."""
+"""pFedLA's data settings (the classes and dominant partitions, the pathological partition's class stride), FedProx's
+MNIST federation (the fedprox partition), re-partitioned PFLlib data, and their key checks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from sklearn.datasets import load_digits
 
 from plfl.config import DataConfig, load_config
 from plfl.data import load_federated_data
-from plfl.data.partition import classes_partition, dominant_partition, fedprox_partition
+from plfl.data.partition import classes_partition, dominant_partition, fedprox_partition, pathological_partition
 from plfl.errors import ConfigError, DataError
 
 from conftest import FEDALA_MNIST, reads_shared_data
@@ -113,6 +113,73 @@ def test_new_partitions_same_seed_reproduces_other_seed_differs(partition):
     a, b, c = (partition(*args, np.random.default_rng(seed)) for seed in (0, 0, 1))
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert not all(np.array_equal(x, z) for x, z in zip(a, c))
+
+
+# ---------------------------------------------------------------- pathological with a class stride (pFedLA's Fig. 6)
+
+
+def test_pathological_stride_one_gives_neighbours_three_of_four_classes():
+    # Fig. 6: 8 clients of 4 classes, client i holding i, i+1, i+2, i+3 (mod 10). By hand: class 0 is held by clients
+    # 0 and 7, class 1 by 0-1, 2 by 0-2, 3 to 7 by four clients each, 8 by 5-7, 9 by 6-7.
+    labels = np.repeat(np.arange(10), 12)  # 12 samples a class: divisible by its 2, 3 or 4 holders
+    parts = pathological_partition(labels, 8, 4, np.random.default_rng(0), class_stride=1)
+    expected = [
+        {0, 1, 2, 3},
+        {1, 2, 3, 4},
+        {2, 3, 4, 5},
+        {3, 4, 5, 6},
+        {4, 5, 6, 7},
+        {5, 6, 7, 8},
+        {6, 7, 8, 9},
+        {7, 8, 9, 0},
+    ]
+    assert [set(np.unique(labels[idx])) for idx in parts] == expected
+    holders = {0: 2, 1: 2, 2: 3, 3: 4, 4: 4, 5: 4, 6: 4, 7: 4, 8: 3, 9: 2}
+    counts = class_counts(parts, labels)
+    for cls, h in holders.items():
+        assert sorted(counts[:, cls][counts[:, cls] > 0]) == [12 // h] * h  # the class split evenly over its holders
+    assert [len(idx) for idx in parts] == [
+        6 + 6 + 4 + 3,
+        6 + 4 + 3 + 3,
+        4 + 3 + 3 + 3,
+        12,
+        12,
+        3 + 3 + 3 + 4,
+        3 + 3 + 4 + 6,
+        3 + 4 + 6 + 6,
+    ]
+    assert_disjoint_subset(parts, len(labels))
+    assert sum(len(idx) for idx in parts) == len(labels)  # every class has a holder: nothing left out
+
+
+def test_pathological_default_stride_is_c_and_gives_the_clients_it_always_gave():
+    labels = np.repeat(np.arange(5), [4, 5, 6, 7, 8])
+    default = pathological_partition(labels, 3, 2, np.random.default_rng(1))
+    # The clients before the stride existed, for this seed: client 2 wraps round to class 0.
+    assert [idx.tolist() for idx in default] == [
+        [0, 1, 7, 4, 5, 8, 6],
+        [10, 14, 11, 12, 13, 9, 18, 15, 16, 19, 20, 21, 17],
+        [2, 3, 25, 23, 27, 29, 28, 22, 24, 26],
+    ]
+    explicit = pathological_partition(labels, 3, 2, np.random.default_rng(1), class_stride=2)
+    assert all(np.array_equal(a, b) for a, b in zip(default, explicit))
+    wider = pathological_partition(labels, 3, 2, np.random.default_rng(1), class_stride=3)
+    assert [set(np.unique(labels[idx])) for idx in wider] == [{0, 1}, {3, 4}, {1, 2}]  # (3i + j) mod 5
+
+
+def test_class_stride_is_read_and_checked_by_the_config():
+    cfg = load_config(CONFIGS / "pfedla-figure6.yaml")
+    assert (cfg.data.partition, cfg.data.num_clients, cfg.data.classes_per_client, cfg.data.class_stride) == (
+        "pathological",
+        8,
+        4,
+        1,
+    )
+    assert load_config(None, ["data.partition=pathological"]).data.class_stride is None
+    with pytest.raises(ConfigError, match=r"data.class_stride' must be null or an integer >= 1; got 0"):
+        load_config(None, ["data.partition=pathological", "data.class_stride=0"])
+    with pytest.raises(ConfigError, match=r"data.class_stride=1 is read only by data.partition=pathological"):
+        load_config(None, ["data.partition=dirichlet", "data.class_stride=1"])
 
 
 # ---------------------------------------------------------------- fedprox (FedProx's MNIST)

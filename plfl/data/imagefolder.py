@@ -28,7 +28,7 @@ from plfl.errors import DataError, PlflWarning
 # Part of the cache key: raise it whenever the decoded tensors would come out differently.
 FORMAT_VERSION = 1
 _SPLITS = ("train", "test")
-_GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # PIL modes decoded to one channel (L)
+GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # PIL modes decoded to one channel (L)
 
 
 def load_image_folder(root: Optional[str], cache_dir: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -71,7 +71,7 @@ def load_image_folder(root: Optional[str], cache_dir: Optional[str] = None) -> t
     if images is None:
         images, labels = _decode(root_dir, files)
         _write_cache(path, images, labels, classes)
-    return _normalise(images), labels, len(classes)
+    return normalise_channels(images), labels, len(classes)
 
 
 def _default_cache_dir() -> Path:
@@ -137,7 +137,7 @@ def _decode(root: Path, files: list[tuple[str, int]]) -> tuple[torch.Tensor, tor
         path = root / rel
         try:
             with Image.open(path) as image:
-                grey[i] = image.mode in _GREY_MODES
+                grey[i] = image.mode in GREY_MODES
                 pixels = np.asarray(image.convert("L" if grey[i] else "RGB"))
         except Exception as e:  # noqa: BLE001  PIL raises many types on untrusted files; every one means unreadable
             raise DataError(
@@ -211,7 +211,7 @@ def _write_cache(path: Path, images: torch.Tensor, labels: torch.Tensor, classes
         )
 
 
-def _normalise(images: torch.Tensor) -> torch.Tensor:
+def normalise_channels(images: torch.Tensor) -> torch.Tensor:
     """float32 ``(x / 255 - mean) / std`` per channel, mean and std over all images (from exact
     per-channel histograms of the uint8 values)."""
     channels = images.shape[1]

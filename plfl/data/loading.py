@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from plfl.data.federated import ClientData, FederatedData
-from plfl.data.partition import partitions, split_train_test
+from plfl.data.partition import Flower, partitions, split_train_test
 from plfl.data.sources import DEFAULT_NUM_CLIENTS, data_sources
 from plfl.errors import DataError
 
@@ -38,6 +38,7 @@ def load_federated_data(cfg: Any, seed: int) -> FederatedData:
     """
     source = data_sources()[cfg.source].of(cfg)
     read = source.read()
+    columns = {}
     if isinstance(read, FederatedData):
         if not source.partitioned():
             return read
@@ -45,12 +46,17 @@ def load_federated_data(cfg: Any, seed: int) -> FederatedData:
         y = torch.cat([t for c in read.clients for t in (c.y_train, c.y_test)])
         name, num_classes = read.name, read.num_classes
     else:
-        (x, y, num_classes), name = read, cfg.source
+        (x, y, num_classes, *more), name = read, cfg.source
+        columns = more[0] if more else {}  # per-sample columns besides the labels (hf: e.g. FEMNIST's writer_id)
 
     labels = y.numpy()
     rng = np.random.default_rng(seed)
     partition = partitions()[cfg.partition].of(cfg)
-    parts = partition.split(labels, DEFAULT_NUM_CLIENTS if cfg.num_clients is None else cfg.num_clients, rng)
+    num_clients = DEFAULT_NUM_CLIENTS if cfg.num_clients is None else cfg.num_clients
+    if isinstance(partition, Flower):  # its partitioners may split by a column, and may set the client count
+        parts = partition.split(labels, num_clients, rng, columns=columns, num_clients_set=cfg.num_clients is not None)
+    else:
+        parts = partition.split(labels, num_clients, rng)
 
     splits = []
     for i, idx in enumerate(parts):

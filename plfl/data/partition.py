@@ -8,12 +8,14 @@ partition ``data.partition`` names is a :class:`Partition`: the keys it reads
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Optional
 
 import numpy as np
 
-from plfl.errors import DataError
+from plfl.errors import ConfigError, DataError
 from plfl.fields import Component, checked, one_of, registry
 
 
@@ -81,20 +83,28 @@ def dirichlet_partition(
 
 
 def pathological_partition(
-    labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
+    labels: np.ndarray,
+    num_clients: int,
+    classes_per_client: int,
+    rng: np.random.Generator,
+    class_stride: Optional[int] = None,
 ) -> list[np.ndarray]:
     """Each client holds exactly ``classes_per_client`` (c) distinct classes.
 
-    Client ``i`` gets classes ``sorted_classes[(i*c + j) mod K]`` for ``j < c``;
-    each class's shuffled samples are split near-equally among the clients
-    holding it. Samples of a class no client holds (``num_clients * c < K``)
-    are left out.
+    Client ``i`` gets classes ``sorted_classes[(i*s + j) mod K]`` for ``j < c``,
+    s = ``class_stride`` (default c: consecutive clients hold consecutive
+    blocks of c classes); each class's shuffled samples are split near-equally
+    among the clients holding it. A stride below c makes neighbours overlap:
+    with s = 1, clients i and i + 1 share c - 1 classes (pFedLA, Ma et al.,
+    CVPR 2022, Sec. 4.3 and Fig. 6: 8 clients of 4 classes each, adjacent ids
+    sharing 3). Samples of a class no client holds are left out.
 
     Args:
         labels: int array ``(n,)`` of class labels; K = number of distinct labels.
         num_clients: number of clients.
         classes_per_client: c, the classes per client.
         rng: source of randomness.
+        class_stride: s >= 1, the shift of the first class from one client to the next; None: c.
 
     Returns:
         ``num_clients`` disjoint int64 index arrays.
@@ -104,6 +114,7 @@ def pathological_partition(
     """
     classes = np.unique(labels)
     k, c = len(classes), classes_per_client
+    stride = c if class_stride is None else class_stride
     if c > k:
         raise DataError(
             f"data.classes_per_client={c} exceeds the {k} classes in the data set. "
@@ -112,7 +123,7 @@ def pathological_partition(
     holders: list[list[int]] = [[] for _ in range(k)]
     for client in range(num_clients):
         for j in range(c):
-            holders[(client * c + j) % k].append(client)
+            holders[(client * stride + j) % k].append(client)
     chunks: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for cls, owners in zip(classes, holders):
         if not owners:
@@ -459,9 +470,16 @@ class ClassesPerClient(Partition):
 @dataclass
 class Pathological(ClassesPerClient):
     choice = "pathological"
+    class_stride: Optional[int] = checked(
+        None,
+        lambda v: v is None or v >= 1,
+        "null or an integer >= 1",
+        "pathological: client i holds classes (i × stride + j) mod K, j < c; null: c (disjoint blocks of c "
+        "classes); 1: neighbouring clients share c − 1 classes (pFedLA's Fig. 6)",
+    )
 
     def split(self, labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
-        return pathological_partition(labels, num_clients, self.classes_per_client, rng)
+        return pathological_partition(labels, num_clients, self.classes_per_client, rng, self.class_stride)
 
 
 @dataclass
@@ -519,3 +537,170 @@ class IID(Partition):
 def partitions() -> dict[str, type[Partition]]:
     """``data.partition`` → its :class:`Partition`."""
     return registry(Partition)
+
+
+# Flower Datasets' partitioners (data.partition=flwr) ----------------------------------------------------------------
+
+_FLOWER_INDEX = "__plfl_index__"  # the column of each row's position in the pool, read back from the partitions
+# Classes of flwr_datasets.partitioner that a config cannot drive: the base class, the one that needs a callable,
+# and the vertical ones, which split columns rather than samples.
+_FLOWER_UNUSABLE = ("Partitioner", "IdToSizeFncPartitioner", "VerticalEvenPartitioner", "VerticalSizePartitioner")
+
+
+@dataclass
+class Flower(Partition):
+    """A partitioner of Flower Datasets (``flwr_datasets.partitioner``, flwr-datasets >= 0.6), by class name.
+
+    The partitioner partitions a ``datasets.Dataset`` plfl builds from the pool: the column ``label`` (the
+    labels), the source's column that ``partition_by`` names when it is another (``data.source=hf`` hands over
+    its per-sample columns, e.g. FEMNIST's ``writer_id`` for ``NaturalIdPartitioner``), and each row's position.
+    The rows are shuffled first, as Flower's ``FederatedDataset`` shuffles a split before partitioning it: the
+    IID and size-based partitioners cut contiguous blocks, which on a pool in class order would be class blocks.
+    Partition i is client i; plfl then splits each client into train and test like every partition.
+    """
+
+    choice = "flwr"
+    partitioner: Optional[str] = checked(
+        None,
+        lambda v: v is None or v.isidentifier(),
+        "null or a class name of flwr_datasets.partitioner",
+        "flwr: a Flower Datasets partitioner by class name (DirichletPartitioner, PathologicalPartitioner, "
+        "ShardPartitioner, IidPartitioner, NaturalIdPartitioner, ...); needs pip install -e '.[hf]'",
+    )
+    partitioner_args: Optional[dict] = checked(
+        None,
+        lambda v: v is None or "num_partitions" not in v,
+        "null or a mapping of keyword arguments without num_partitions (data.num_clients gives it)",
+        "flwr: the partitioner's keyword arguments, e.g. {alpha: 0.5}; num_partitions is data.num_clients, "
+        "partition_by defaults to label (the classes), seed is drawn from federation.seed unless given",
+    )
+
+    def check(self) -> None:
+        if self.partitioner is None:
+            raise ConfigError(
+                "data.partition=flwr needs data.partitioner: the class name of a Flower Datasets partitioner, e.g. "
+                "data.partitioner=DirichletPartitioner with data.partitioner_args={alpha: 0.5}."
+            )
+
+    def split(
+        self,
+        labels: np.ndarray,
+        num_clients: int,
+        rng: np.random.Generator,
+        columns: Optional[Mapping[str, np.ndarray]] = None,
+        num_clients_set: bool = True,
+    ) -> list[np.ndarray]:
+        """The partitions of ``data.partitioner`` (with ``data.partitioner_args``) as index arrays into ``labels``.
+
+        Draws from ``rng``, in this order: the seed of the rows' shuffle (``datasets.Dataset.shuffle``), then the
+        partitioner's ``seed`` when it takes one and ``data.partitioner_args`` gives none.
+
+        Args:
+            labels: int ``(n,)``, the data set's column ``label``.
+            num_clients: the partitioner's ``num_partitions``, when it takes one.
+            rng: source of the seeds.
+            columns: further per-sample columns ``(n,)`` by name; the one ``partition_by`` names joins the data set.
+            num_clients_set: whether ``data.num_clients`` was set: a partitioner that fixes its own count
+                (``NaturalIdPartitioner``: one per id) must then agree with it; unset, its count stands.
+
+        Returns:
+            One int64 index array per partition, partition i being client i.
+
+        Raises:
+            ConfigError: flwr-datasets is not installed; ``data.partitioner`` names no usable partitioner (the
+                message lists them); ``data.partitioner_args`` do not fit it; ``partition_by`` names no column.
+            DataError: the partitioner cannot partition these labels (its own message), or its count of partitions
+                differs from a set ``data.num_clients``.
+        """
+        import inspect
+
+        name, cls = self.partitioner, _flower_partitioners().get(self.partitioner)
+        if cls is None:
+            raise ConfigError(
+                f"data.partitioner={name} is not a Flower Datasets partitioner plfl can run. Set it to one of: "
+                f"{', '.join(_flower_partitioners())}."
+            )
+        params = inspect.signature(cls).parameters
+        args = {key: _plain(value) for key, value in (self.partitioner_args or {}).items()}
+        for key, value in args.items():  # a list where only an array will do (DistributionPartitioner)
+            hint = str(params[key].annotation) if key in params else ""
+            if isinstance(value, list) and "ndarray" in hint.lower() and "list" not in hint:
+                args[key] = np.asarray(value)
+        if "num_partitions" in params:
+            args["num_partitions"] = num_clients
+        if "partition_by" in params:
+            args.setdefault("partition_by", "label")
+        shuffle_seed = int(rng.integers(2**32))
+        if "seed" in params and "seed" not in args:
+            args["seed"] = int(rng.integers(2**32))
+        unknown = [key for key in args if key not in params]
+        try:
+            if unknown:
+                raise TypeError(f"it takes no keyword {', '.join(map(repr, unknown))}")
+            inspect.signature(cls).bind(**args)
+            partitioner = cls(**args)
+        except (TypeError, ValueError) as e:
+            keywords = ", ".join(p if p != "num_partitions" else "num_partitions (data.num_clients)" for p in params)
+            raise ConfigError(
+                f"data.partitioner_args do not fit {name} ({e}). Its keyword arguments: {keywords}."
+            ) from None
+        table = {"label": labels}
+        by = args.get("partition_by", "label")
+        if by != "label":
+            if by not in (columns or {}):
+                raise ConfigError(
+                    f"data.partitioner_args.partition_by={by} names no column of the pool: it has "
+                    f"{', '.join(['label (the classes)', *(columns or {})])}. data.source=hf hands over its data "
+                    "set's other class, integer and string columns; the other sources have label only."
+                )
+            table[by] = np.asarray(columns[by])
+        table[_FLOWER_INDEX] = np.arange(len(labels))
+        import datasets
+
+        partitioner.dataset = datasets.Dataset.from_dict(table).shuffle(seed=shuffle_seed)
+        try:
+            count = partitioner.num_partitions
+            if "num_partitions" not in params and num_clients_set and count != num_clients:
+                raise DataError(
+                    f"{name} makes {count} partitions but data.num_clients={num_clients}. Remove data.num_clients "
+                    f"(the partitioner sets the count) or set it to {count}."
+                )
+            return [
+                partitioner.load_partition(i).with_format("arrow")[_FLOWER_INDEX].to_numpy().astype(np.int64)
+                for i in range(count)
+            ]
+        except (ValueError, KeyError, IndexError) as e:
+            raise DataError(
+                f"{name} could not partition the {len(labels)} samples ({type(e).__name__}: {e}). Change "
+                "data.partitioner_args or data.num_clients."
+            ) from None
+
+
+def _flower_partitioners() -> dict[str, type]:
+    """Class name → class of the partitioners in ``flwr_datasets.partitioner`` that a config can drive, sorted.
+
+    Raises:
+        ConfigError: flwr-datasets is not installed.
+    """
+    try:
+        from flwr_datasets import partitioner
+    except ImportError:
+        raise ConfigError(
+            "data.partition=flwr runs Flower Datasets' partitioners, and flwr-datasets is not installed. Install "
+            "plfl's hf extra: pip install -e '.[hf]' (in plfl's directory)."
+        ) from None
+    found = {
+        name: cls
+        for name, cls in vars(partitioner).items()
+        if isinstance(cls, type) and issubclass(cls, partitioner.Partitioner) and name not in _FLOWER_UNUSABLE
+    }
+    return dict(sorted(found.items()))
+
+
+def _plain(value: object) -> object:
+    """A config value (OmegaConf's DictConfig, ListConfig) as plain dicts and lists, for a partitioner's arguments."""
+    if isinstance(value, Mapping):
+        return {key: _plain(v) for key, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        return [_plain(v) for v in value]
+    return value

@@ -2,8 +2,8 @@
 
 A source is a :class:`DataSource`: a dataclass of its keys, its name, and :meth:`DataSource.read`, which calls
 its reader (imported then: the readers pull in torch, torchvision, PIL, tokenizers, which checking a config
-does without). Pooled sources (``digits``, the torchvision sets, ``imagefolder``, ``agnews``) are split over
-clients by a :class:`~plfl.data.partition.Partition`; ``pfllib`` directories, LEAF files and the Shakespeare
+does without). Pooled sources (``digits``, the torchvision sets, ``imagefolder``, ``agnews``, ``hf``) are split
+over clients by a :class:`~plfl.data.partition.Partition`; ``pfllib`` directories, LEAF files and the Shakespeare
 text hold their own clients (``pfllib`` and ``leaf``'s images pool and re-partition them with ``data.repartition``).
 :data:`DataConfig` is the ``data.*`` section: every source's and every partition's keys, of which a run's config
 sets only those its source and partition read (:mod:`plfl.config` checks that). A new source is a subclass here
@@ -12,6 +12,8 @@ with its reader beside it (the data sources' guide).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Optional, Union
 
@@ -28,8 +30,9 @@ if TYPE_CHECKING:
 DEFAULT_NUM_CLIENTS = 20  # data.num_clients of a partitioned source when unset
 
 # What a pooled source reads: samples ``(n, ...)`` (a tensor, or texts that become one after the split), labels
-# int64 (n,), and the class count.
-Pool = tuple[Any, "torch.Tensor", int]
+# int64 (n,), the class count, and optionally further per-sample columns by name, arrays (n,) that a partition
+# may split by (hf: FEMNIST's writer_id for NaturalIdPartitioner; see plfl.data.loading).
+Pool = Union[tuple[Any, "torch.Tensor", int], tuple[Any, "torch.Tensor", int, Mapping[str, "np.ndarray"]]]
 
 
 @dataclass
@@ -95,13 +98,13 @@ class Text(DataSource):
         32000,
         lambda v: v >= 3,
         "an integer >= 3",
-        "text (agnews, leaf): most token ids, [PAD] = 0 and [UNK] = 1 included; learnt on training texts only",
+        "text (agnews, leaf, hf): most token ids, [PAD] = 0 and [UNK] = 1 included; learnt on training texts only",
     )
     max_length: int = checked(
         200,
         lambda v: v >= 1,
         "an integer >= 1",
-        "text (agnews, leaf): token ids per sample; longer texts are cut, shorter ones padded with 0",
+        "text (agnews, leaf, hf): token ids per sample; longer texts are cut, shorter ones padded with 0",
     )
 
 
@@ -181,10 +184,74 @@ class AGNews(Text, Files):
         """The texts as token ids from a vocabulary (at most ``data.vocab_size``) trained on the clients' training
         texts, so that no test text enters it: built here, after the split, not by the reader. FedALA's data
         (PFLlib's ``generate_AGNews.py``) builds it from all texts, test texts included."""
-        from plfl.data.text import encode, train_tokenizer
+        return _token_ids(samples, train_index, self.vocab_size, self.max_length)
 
-        tokenizer = train_tokenizer(samples[train_index], self.vocab_size)
-        return encode(tokenizer, samples, self.max_length), tokenizer.get_vocab_size()
+
+def _token_ids(samples: Any, train_index: np.ndarray, vocab_size: int, max_length: int) -> tuple[torch.Tensor, int]:
+    """Texts as ``max_length`` token ids each, from a vocabulary of at most ``vocab_size`` ids learnt on
+    ``samples[train_index]`` alone (:mod:`plfl.data.text`), and the vocabulary's size."""
+    from plfl.data.text import encode, train_tokenizer
+
+    tokenizer = train_tokenizer(samples[train_index], vocab_size)
+    return encode(tokenizer, samples, max_length), tokenizer.get_vocab_size()
+
+
+@dataclass
+class HuggingFace(Text):
+    """A Hugging Face ``datasets`` data set, by hub id or from a local copy, its splits pooled: images normalised
+    per channel over the pool (as ``imagefolder``), or texts that become token ids after the split (as
+    ``agnews``); its other columns can feed a partition (:mod:`plfl.data.hf`)."""
+
+    choice = "hf"
+    path: Optional[str] = documented(
+        None,
+        "hf: a hub id (uoft-cs/cifar10; needs internet, or the hub cache with HF_HUB_OFFLINE=1) or a local path: a "
+        "save_to_disk directory, parquet or csv files, an image folder (<split>/<class>/*)",
+    )
+    subset: Optional[str] = documented(None, "hf: the hub data set's configuration (subset) name; null: its default")
+    splits: Optional[list[str]] = checked(
+        None,
+        lambda v: v is None or (len(v) > 0 and len(set(v)) == len(v)),
+        "null or a non-empty list of distinct split names",
+        "hf: the splits pooled, in this order (null: all); plfl splits each client into train and test itself",
+    )
+    image_column: Optional[str] = documented(
+        None, "hf: the column of images (null: the data set's only image column, unless text_column is set)"
+    )
+    text_column: Optional[str] = documented(None, "hf: the column of texts, which makes the samples token ids")
+    label_column: str = documented(
+        "label", "hf: the column of classes: a ClassLabel, integer ids, or strings (numbered in sorted order)"
+    )
+
+    def check(self) -> None:
+        if self.path is None:
+            raise ConfigError(
+                "data.source=hf needs data.path: a hub id (e.g. uoft-cs/cifar10) or a local copy (a save_to_disk "
+                "directory, parquet or csv files, an image folder). Set data.path."
+            )
+        if self.image_column is not None and self.text_column is not None:
+            raise ConfigError(
+                f"data.image_column={self.image_column} and data.text_column={self.text_column} are both set: the "
+                "samples are either images or texts. Remove one of them."
+            )
+        if self.text_column is None:
+            for f in dataclasses.fields(Text):
+                if f.name in ("vocab_size", "max_length") and getattr(self, f.name) != f.default:
+                    raise ConfigError(
+                        f"data.{f.name}={getattr(self, f.name)} has no effect on images: data.source=hf reads texts "
+                        f"only with data.text_column set. Set data.text_column, or remove data.{f.name}."
+                    )
+
+    def read(self) -> Pool:
+        from plfl.data.hf import read_hf
+
+        return read_hf(self.path, self.subset, self.splits, self.image_column, self.text_column, self.label_column)
+
+    def encode(self, samples: Any, train_index: np.ndarray) -> Optional[tuple[torch.Tensor, int]]:
+        """Texts (``data.text_column``) as token ids, as :meth:`AGNews.encode`; None for images."""
+        if self.text_column is None:
+            return None
+        return _token_ids(samples, train_index, self.vocab_size, self.max_length)
 
 
 @dataclass
