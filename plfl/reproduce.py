@@ -6,13 +6,15 @@ and overrides each), its methods (the rows: overrides each, optionally another m
 paper ran, the metric and round rule it reports (``best``: the highest value over the evaluated rounds;
 ``final``: the last evaluated round's), the paper's value ± spread per cell, and claims of the form ``A > B``
 (one method above another in every setting). A cell is one setting × one method; each of its seeds is an
-ordinary run directory ``<output_dir>/reproduce/<suite>/<setting>/<method>/rounds-<R>/seed-<s>/``, run as
+ordinary run directory ``<output_dir>/reproduce/<suite>/<setting>/<method>/rounds-<R>/seed-<s>/`` (methods
+with the same overrides share theirs), run as
 ``plfl fit --config <setting's config> <setting's overrides> <method's overrides> federation.rounds=R
 federation.seed=s <command-line overrides>`` would. An invocation runs the seeds that have no finished run (a
-stopped run continues from its newest checkpoint, as ``plfl fit --resume`` does), then writes ``results.csv``
-and ``results.md`` to ``<output_dir>/reproduce/<suite>/``: plfl's mean ± population standard deviation over the
-seeds beside the paper's value and the gap, in percentage points, marked "scaled" where fewer rounds than the
-paper's were run. With ``--parallel N`` up to N runs go at once, each a Ray task, as ``plfl sweep --parallel``.
+stopped run continues from its newest checkpoint, as ``plfl fit --resume`` does), then writes ``results.csv``,
+``results.md`` and ``results.json`` to ``<output_dir>/reproduce/<suite>/``: plfl's mean ± population standard
+deviation over the seeds beside the paper's value and the gap, in percentage points, marked "scaled" where fewer
+rounds than the paper's were run. With ``--parallel N`` up to N runs go at once, each a Ray task, as
+``plfl sweep --parallel``.
 """
 
 from __future__ import annotations
@@ -97,6 +99,12 @@ class Suite:
 
     def metric_of(self, method: str) -> str:
         return self.methods[method].metric or self.metric
+
+    def runs_of(self, method: str) -> str:
+        """The method whose runs ``method``'s cells read: the first with the same overrides (a table that reports
+        several quantities of one run, e.g. Self-FL's Table 1 columns, trains it once)."""
+        overrides = self.methods[method].overrides
+        return next(name for name, m in self.methods.items() if m.overrides == overrides)
 
 
 @dataclass
@@ -299,7 +307,7 @@ def run_suite(
         available = ", ".join(f"{s}/{m}" for s, m in suite.cells)
         raise ConfigError(f"No cell of {suite.path} matches --cells {cells!r}; its cells are {available}.")
     ray = import_ray("plfl reproduce --parallel") if parallel > 1 else None
-    jobs, results, suite_dir = [], {}, None
+    jobs, results, cell_runs, suite_dir = {}, {}, [], None
     for setting, method in selected:
         results[(setting, method)] = CellResult(setting, method, suite.metric_of(method), seeds=seed_count)
         for seed in range(seed_count):
@@ -311,29 +319,40 @@ def run_suite(
                     "own: drop --parallel or use another federation.executor."
                 )
             suite_dir = Path(cfg.output_dir) / "reproduce" / suite.name
-            run_dir = suite_dir / setting / method / f"rounds-{rounds}" / f"seed-{seed}"
-            jobs.append(((setting, method, seed), config, args, run_dir, _experiment(cfg)))
-    pending = [job for job in jobs if _prepare(*job[3:]) != "finished"]
+            run_dir = run_path(suite, suite_dir, setting, method, rounds, seed)
+            jobs.setdefault(run_dir, ((setting, suite.runs_of(method), seed), config, args, _experiment(cfg)))
+            cell_runs.append(((setting, method), run_dir))
+    pending = [(run_dir, *job) for run_dir, job in jobs.items() if _prepare(run_dir, job[3]) != "finished"]
     runner = RayTrials(ray, parallel, None, suite.path) if ray is not None else InProcessTrials(None, suite.path)
+    errors = {}  # run directory → why its run failed, for a run that left no summary.json (e.g. unreadable data)
     try:
         while pending or runner.running:
             while pending and len(runner.running) < parallel:
-                key, config, args, run_dir, _ = pending.pop(0)
+                run_dir, key, config, args, _ = pending.pop(0)
                 resume = _has_checkpoint(run_dir)
                 run_dir.mkdir(parents=True, exist_ok=True)
                 echo(f"{key[0]}/{key[1]} seed {key[2]}: {run_dir}" + (" (continues)" if resume else ""))
-                runner.submit(key, config, args, str(run_dir), resume)
-            key, outcome = runner.next_finished()
+                runner.submit(run_dir, config, args, str(run_dir), resume)
+            run_dir, outcome = runner.next_finished()
+            key = jobs[run_dir][0]
+            if outcome["error"] is not None:
+                errors[run_dir] = outcome["error"]
             status = outcome["status"] + ("" if outcome["error"] is None else f": {outcome['error']}")
             echo(f"{key[0]}/{key[1]} seed {key[2]}: {status}")
     finally:
         runner.close()
-    for (setting, method, _), _, _, run_dir, _ in jobs:
-        _read_cell(results[(setting, method)], run_dir, rounds, suite.round_rule)
+    for cell, run_dir in cell_runs:
+        _read_cell(results[cell], run_dir, rounds, suite.round_rule, errors.get(run_dir))
     table = [results.get(cell) or _read_others(suite, suite_dir, cell, rounds, seed_count) for cell in suite.cells]
     table = [r for r in table if r.values or r.failed or (r.setting, r.method) in results]
     write_tables(suite, suite_dir, table)
     return suite_dir, table
+
+
+def run_path(suite: Suite, suite_dir: Path, setting: str, method: str, rounds: int, seed: int) -> Path:
+    """The run directory of one seed of a cell; methods with the same overrides share it
+    (:meth:`Suite.runs_of`)."""
+    return suite_dir / setting / suite.runs_of(method) / f"rounds-{rounds}" / f"seed-{seed}"
 
 
 def _read_others(suite: Suite, suite_dir: Path, cell: tuple[str, str], rounds: int, seeds: int) -> CellResult:
@@ -342,7 +361,7 @@ def _read_others(suite: Suite, suite_dir: Path, cell: tuple[str, str], rounds: i
     setting, method = cell
     result = CellResult(setting, method, suite.metric_of(method), seeds=seeds)
     for seed in range(seeds):
-        run_dir = suite_dir / setting / method / f"rounds-{rounds}" / f"seed-{seed}"
+        run_dir = run_path(suite, suite_dir, setting, method, rounds, seed)
         if (run_dir / "summary.json").is_file():
             _read_cell(result, run_dir, rounds, suite.round_rule)
     return result
@@ -398,9 +417,9 @@ def _move_aside(run_dir: Path) -> str:
     return "new"
 
 
-def _read_cell(result: CellResult, run_dir: Path, rounds: int, rule: str) -> None:
+def _read_cell(result: CellResult, run_dir: Path, rounds: int, rule: str, error: Optional[str] = None) -> None:
     """Add the run in ``run_dir`` to its cell: its metric over the evaluated rounds by ``rule`` (``best``: the
-    highest; ``final``: the last), or its failure.
+    highest; ``final``: the last), or its failure (``error``: why, where the run wrote no summary.json).
 
     Raises:
         ConfigError: the run's metrics.csv has no value of the cell's metric (the message lists its columns).
@@ -408,7 +427,7 @@ def _read_cell(result: CellResult, run_dir: Path, rounds: int, rule: str) -> Non
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     if summary.get("status") != "completed":
-        result.failed.append(f"{run_dir}: {summary.get('error') or summary.get('status') or 'not run'}")
+        result.failed.append(f"{run_dir}: {summary.get('error') or error or summary.get('status') or 'not run'}")
         return
     with open(run_dir / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get(result.metric) not in (None, "")]

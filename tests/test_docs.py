@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 import plfl_docs  # noqa: E402  (the docs' own extension, beside conf.py)
 
-SOURCES = {"python": ["plfl/**/*.py", "tests/*.py"], "yaml": ["configs/*.yaml"]}
+SOURCES = {"python": ["plfl/**/*.py", "tests/*.py"], "yaml": ["configs/*.yaml", "suites/*.yaml"]}
 FENCE = re.compile(r"^```(?P<language>\w+)\n(?P<block>.*?)^```$", re.MULTILINE | re.DOTALL)
 GENERATED = {"reference/configuration.md", "reference/cli.md"}
 
@@ -98,7 +98,7 @@ def test_every_config_key_has_an_entry_with_its_meaning_in_the_configuration_ref
 
 def test_the_command_line_reference_holds_every_command(generated):
     page = (generated / "reference" / "cli.md").read_text()
-    for command in ("fit", "sweep", "compare", "report", "methods"):
+    for command in ("fit", "sweep", "reproduce", "compare", "report", "methods"):
         assert f"## `plfl {command}`" in page and f"usage: plfl {command}" in page
 
 

@@ -200,3 +200,20 @@ def test_list_shows_every_suite_of_the_repository(capsys):
     out = capsys.readouterr().out
     for suite in list_suites():
         assert f"{suite.name}: {suite.title} ({len(suite.cells)} cells, {suite.rounds} rounds" in out
+
+
+def test_methods_with_the_same_overrides_read_one_run_and_a_failed_run_says_why(tmp_path, capsys):
+    methods = {"fedavg": ["method=fedavg"], "fedavg-loss": {"overrides": ["method=fedavg"], "metric": "test_loss"}}
+    settings = {"digits": {"config": str(tmp_path / "digits.yaml")}}
+    settings["crowded"] = {"config": str(tmp_path / "digits.yaml"), "overrides": ["data.num_clients=1000"]}
+    path = write_suite(tmp_path, methods=methods, settings=settings, claims=[], reported={})
+    assert main(["reproduce", str(path), "--seeds", "1"]) == 1  # a run failed
+    out = capsys.readouterr().out
+    # One run per setting: fedavg-loss reads fedavg's, from the directory named after the first of the two.
+    assert out.count("seed 0: completed") == 1 and out.count("seed 0: failed") == 1
+    run_dir = tmp_path / "out" / "reproduce" / "suite" / "digits" / "fedavg" / "rounds-2" / "seed-0"
+    assert not (tmp_path / "out" / "reproduce" / "suite" / "digits" / "fedavg-loss").exists()
+    loss = max(metric_values(run_dir, "test_loss"))
+    assert f"| digits | fedavg-loss | test_loss (best) | {100 * loss:.2f} |  |  | 1/1 | 2 |" in out
+    # The crowded federation cannot give 1000 clients 10 digits each: its error, not "not run", is in the table.
+    assert "Runs without a value:" in out and "Cannot give each of 1000 clients at least 10 samples" in out
