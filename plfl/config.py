@@ -114,7 +114,7 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfi
     NAME's defaults; overrides after it still apply. One config serves every method and model.
 
     Returns the resolved, validated config as a DictConfig (``${...}`` resolved,
-    ``data.root`` made absolute, the method section filled with its defaults).
+    ``data.root`` and a local ``data.path`` made absolute, the method section filled with its defaults).
 
     Raises:
         ConfigError: the file is missing or not valid YAML (with the line), an
@@ -168,6 +168,8 @@ def validate(raw: DictConfig, file_method: Optional[str] = None) -> DictConfig:
     for key in ("root", "cache_dir"):
         if cfg.data[key] is not None:
             cfg.data[key] = str(Path(cfg.data[key]).expanduser().resolve())
+    if cfg.data.path is not None and Path(cfg.data.path).expanduser().exists():  # a local copy, not a hub id
+        cfg.data.path = str(Path(cfg.data.path).expanduser().resolve())
     if cfg.name is None:
         cfg.name = f"{cfg.method.name}-{cfg.data.source}"
     return cfg

@@ -386,3 +386,10 @@ def test_config_refuses_what_the_run_would_not_read(tmp_path):
         hf_config(tmp_path)
     with pytest.raises(ConfigError, match=r"data.image_column=img is read only by data.source=hf"):
         validate(OmegaConf.create({"data": {"source": "digits", "image_column": "img"}}))
+
+
+def test_a_local_path_is_made_absolute_and_a_hub_id_is_kept(tmp_path, monkeypatch):
+    (tmp_path / "copy").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert hf_config(tmp_path, path="copy").data.path == str(tmp_path / "copy")  # a resumed run reads the same files
+    assert hf_config(tmp_path, path="uoft-cs/cifar100").data.path == "uoft-cs/cifar100"
