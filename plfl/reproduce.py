@@ -506,7 +506,8 @@ def suite_text(suite: Suite, results: list[CellResult]) -> str:
         lines += ["", f"Claim: {higher} > {lower}"] + [f"- {line}" for line in claim_lines(results, higher, lower)]
     failed = [f for r in results for f in r.failed]
     if failed:
-        lines += ["", "Runs without a value:"] + [f"- {f}" for f in failed]
+        lines += ["", "Runs without a value (a failed run is kept as it is; move its directory away to run it again):"]
+        lines += [f"- {f}" for f in failed]
     return "\n".join(lines) + "\n"
 
 

@@ -286,6 +286,20 @@ def test_a_parallel_sweep_gives_the_sequential_results_and_resumes(local_ray, tm
 
 
 @pytest.mark.slow
+def test_a_parallel_suite_gives_the_sequential_table(local_ray, tmp_path):
+    from plfl.reproduce import load_suite, run_suite
+
+    from test_reproduce import write_suite
+
+    tables = []
+    for folder, parallel in ((tmp_path / "one", 1), (tmp_path / "two", 2)):
+        folder.mkdir()
+        _, results = run_suite(load_suite(write_suite(folder)), cells="digits/*", parallel=parallel, echo=print)
+        tables.append([(r.setting, r.method, r.values) for r in results])
+    assert tables[1] == tables[0] and len(tables[0]) == 2 and all(len(values) == 2 for _, _, values in tables[0])
+
+
+@pytest.mark.slow
 def test_a_stopped_parallel_sweep_continues_its_running_trials_with_their_parameters(
     local_ray, tmp_path, monkeypatch, capsys
 ):
