@@ -287,7 +287,8 @@ def reproduce(args: argparse.Namespace) -> int:
 
     if args.list:
         for suite in list_suites():
-            print(f"{suite.name}: {suite.title} ({len(suite.cells)} cells, {suite.rounds} rounds, {suite.seeds} seeds)")
+            seeds = f"{suite.seeds} seed" + ("s" if suite.seeds > 1 else "")
+            print(f"{suite.name}: {suite.title} ({len(suite.cells)} cells, {suite.rounds} rounds, {seeds})")
         return 0
     if not args.suite:
         raise PlflError(f"plfl reproduce needs a suite. {suite_list_hint()}")
