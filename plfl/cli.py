@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides for every run")
     reproduce.add_argument("--list", action="store_true", help="list the repository's suites and exit")
     reproduce.add_argument(
+        "--no-run", action="store_true", help="run nothing: the table of the runs there are (e.g. still running)"
+    )
+    reproduce.add_argument(
         "--cells", metavar="PATTERN", help="only cells whose SETTING/METHOD matches, e.g. 'cifar10-*/*'"
     )
     reproduce.add_argument(
@@ -281,8 +284,8 @@ def sweep(args: argparse.Namespace) -> int:
 
 
 def reproduce(args: argparse.Namespace) -> int:
-    """``--list``: the suites with their cells; else run the suite and print its table. Returns 1 when a run of
-    a selected cell failed (the table lists it), else 0."""
+    """``--list``: the suites with their cells; else run the suite (``--no-run``: nothing) and print its table.
+    Returns 1 when a run of a selected cell failed or is unfinished (the table lists it), else 0."""
     from plfl.reproduce import list_suites, load_suite, run_suite, suite_list_hint, suite_path, suite_text
 
     if args.list:
@@ -295,7 +298,9 @@ def reproduce(args: argparse.Namespace) -> int:
     suite = load_suite(suite_path(args.suite))
     check_torch_builds()
     os.environ.setdefault("WANDB_MODE", "offline")  # as plfl sweep: no server to log many runs to
-    suite_dir, results = run_suite(suite, args.overrides, args.cells, args.rounds, args.seeds, args.parallel)
+    suite_dir, results = run_suite(
+        suite, args.overrides, args.cells, args.rounds, args.seeds, args.parallel, run=not args.no_run
+    )
     print(suite_text(suite, results), end="")
     print(f"Suite directory: {suite_dir} (results.csv, results.md; plfl report {suite_dir} shows its runs)")
     return 1 if any(r.failed for r in results) else 0

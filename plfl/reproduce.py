@@ -277,9 +277,10 @@ def run_suite(
     seeds: Optional[int] = None,
     parallel: int = 1,
     echo: Callable[[str], None] = print,
+    run: bool = True,
 ) -> tuple[Path, list[CellResult]]:
     """Run the suite's runs that are not finished, then write its tables; returns the suite directory and the
-    selected cells' results.
+    cells' results.
 
     Args:
         suite: the suite (:func:`load_suite`).
@@ -289,6 +290,8 @@ def run_suite(
         seeds: the first ``seeds`` seeds (0, 1, ...) per cell (default the suite's).
         parallel: runs at once; above 1 each is a Ray task (:class:`plfl.sweep.RayTrials`).
         echo: where a line per run goes.
+        run: False: run nothing, write and return the tables of the runs there are (an unfinished one is listed
+            with its last round), e.g. while the suite runs elsewhere.
 
     A run that finished (completed, or failed: its error is shown) is read as it is; one with a checkpoint
     continues from it; one that left neither is moved aside (``seed-<s>.stopped-<time>``) and run again.
@@ -322,7 +325,7 @@ def run_suite(
             run_dir = run_path(suite, suite_dir, setting, method, rounds, seed)
             jobs.setdefault(run_dir, ((setting, suite.runs_of(method), seed), config, args, _experiment(cfg)))
             cell_runs.append(((setting, method), run_dir))
-    pending = [(run_dir, *job) for run_dir, job in jobs.items() if _prepare(run_dir, job[3]) != "finished"]
+    pending = [(d, *job) for d, job in jobs.items() if run and _prepare(d, job[3]) != "finished"]
     runner = RayTrials(ray, parallel, None, suite.path) if ray is not None else InProcessTrials(None, suite.path)
     errors = {}  # run directory → why its run failed, for a run that left no summary.json (e.g. unreadable data)
     try:
@@ -342,7 +345,8 @@ def run_suite(
     finally:
         runner.close()
     for cell, run_dir in cell_runs:
-        _read_cell(results[cell], run_dir, rounds, suite.round_rule, errors.get(run_dir))
+        if run or (run_dir / "config.yaml").is_file():
+            _read_cell(results[cell], run_dir, rounds, suite.round_rule, errors.get(run_dir))
     table = [results.get(cell) or _read_others(suite, suite_dir, cell, rounds, seed_count) for cell in suite.cells]
     table = [r for r in table if r.values or r.failed or (r.setting, r.method) in results]
     write_tables(suite, suite_dir, table)
@@ -427,7 +431,8 @@ def _read_cell(result: CellResult, run_dir: Path, rounds: int, rule: str, error:
     summary_file = run_dir / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
     if summary.get("status") != "completed":
-        result.failed.append(f"{run_dir}: {summary.get('error') or error or summary.get('status') or 'not run'}")
+        why = summary.get("error") or error or summary.get("status") or _progress(run_dir, rounds)
+        result.failed.append(f"{run_dir}: {why}")
         return
     with open(run_dir / "metrics.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get(result.metric) not in (None, "")]
@@ -441,6 +446,16 @@ def _read_cell(result: CellResult, run_dir: Path, rounds: int, rule: str, error:
     values = [float(r[result.metric]) for r in rows]
     result.values.append(max(values) if rule == "best" else values[-1])
     result.rounds = rounds
+
+
+def _progress(run_dir: Path, rounds: int) -> str:
+    """What a run without summary.json has done: ``unfinished (round r of R)``, or ``not run``."""
+    metrics = run_dir / "metrics.csv"
+    if not metrics.is_file():
+        return "not run"
+    with open(metrics, newline="") as f:
+        last = max((int(r["round"]) for r in csv.DictReader(f)), default=0)
+    return f"unfinished (round {last} of {rounds})"
 
 
 def write_tables(suite: Suite, suite_dir: Path, results: list[CellResult]) -> None:
@@ -506,7 +521,11 @@ def suite_text(suite: Suite, results: list[CellResult]) -> str:
         lines += ["", f"Claim: {higher} > {lower}"] + [f"- {line}" for line in claim_lines(results, higher, lower)]
     failed = [f for r in results for f in r.failed]
     if failed:
-        lines += ["", "Runs without a value (a failed run is kept as it is; move its directory away to run it again):"]
+        lines += [
+            "",
+            "Runs without a value (an unfinished run continues at the next call; a failed one is kept as it is: "
+            "move its directory away to run it again):",
+        ]
         lines += [f"- {f}" for f in failed]
     return "\n".join(lines) + "\n"
 

@@ -167,6 +167,9 @@ def test_a_half_finished_suite_continues_its_stopped_run_and_gives_the_same_tabl
     run_dir = tmp_path / "out" / "reproduce" / "suite" / "digits" / "fedavg" / "rounds-2" / "seed-1"
     (run_dir / "summary.json").unlink()
     (run_dir / "checkpoints" / "round-00002.pt").unlink()
+    _, table = run_suite(suite, cells="digits/*", echo=print, run=False)  # the table so far, nothing run
+    assert table[0].values == first[0].values[:1] and table[0].failed == [f"{run_dir}: unfinished (round 2 of 2)"]
+    assert not (run_dir / "summary.json").exists()
     lines = []
     _, again = run_suite(suite, cells="digits/*", echo=lines.append)
     assert lines == [f"digits/fedavg seed 1: {run_dir} (continues)", "digits/fedavg seed 1: completed"]
@@ -216,5 +219,5 @@ def test_methods_with_the_same_overrides_read_one_run_and_a_failed_run_says_why(
     loss = max(metric_values(run_dir, "test_loss"))
     assert f"| digits | fedavg-loss | test_loss (best) | {100 * loss:.2f} |  |  | 1/1 | 2 |" in out
     # The crowded federation cannot give 1000 clients 10 digits each: its error, not "not run", is in the table.
-    assert "Runs without a value (a failed run is kept" in out
+    assert "Runs without a value (an unfinished run continues" in out
     assert "Cannot give each of 1000 clients at least 10 samples" in out
