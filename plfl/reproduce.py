@@ -400,9 +400,7 @@ def _prepare(run_dir: Path, experiment: dict[str, Any]) -> str:
     """
     if not (run_dir / "config.yaml").is_file():
         return "new" if not run_dir.exists() or not any(run_dir.iterdir()) else _move_aside(run_dir)
-    from omegaconf import OmegaConf
-
-    found = _experiment(OmegaConf.load(run_dir / "config.yaml"))
+    found = _experiment(load_config(run_dir / "config.yaml"))  # with the defaults of keys newer than the run
     changed = sorted(k for k in found.keys() | experiment.keys() if found.get(k) != experiment.get(k))
     if changed:
         shown = ", ".join(f"{k} ({found.get(k)!r} there, {experiment.get(k)!r} now)" for k in changed[:5])
