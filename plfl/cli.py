@@ -172,8 +172,14 @@ def fit(args: argparse.Namespace) -> None:
         cfg.federation.seed = seed
         run_dir, summary = run_experiment(cfg, args.resume)
         best, final = summary["best_accuracy"], summary["final_accuracy"]
+        headline = "Best accuracy"
+        if summary.get("selected_accuracy") is not None:  # data.val_fraction: the round chosen on validation
+            headline = (
+                f"Accuracy selected on validation {100 * summary['selected_accuracy']:.2f} % "
+                f"(round {summary['selected_round']}); best on test"
+            )
         print(
-            f"Best accuracy {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
+            f"{headline} {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
             f"{summary['seconds_per_round']:.2f} s per round"
         )
         print(disk_use_line(run_dir))

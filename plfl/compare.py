@@ -4,11 +4,15 @@ Markdown tables. Accuracy in the layout of FedALA's Table 2 (AAAI 2023):
 one row per method, one column per data set, each cell the best test
 accuracy (%) as mean ± std over the runs (seeds) of that method on that data
 set; std is the population standard deviation (NumPy's default, as PFLlib
-reports it). Runs of one method whose settings differ are never averaged: a
-config key that takes two values among one method's runs on one data set (a
-sweep's ``method.s``, ``federation.lr``, ``federation.rounds``) splits that
-method into rows named by those keys (``fedala (s=80, p=2)``); the seed, the
-executor and logging, checkpoint and progress keys do not. Costs below it, one
+reports it). Where the runs of a data set hold validation splits
+(``data.val_fraction``, part of the data set's name), its cells are the test
+accuracy at the round selected on validation instead (``selected_accuracy``),
+and every column's header then says its rule (best-on-test picks the round on
+the test data: optimistic). Runs of one method whose settings differ are never
+averaged: a config key that takes two values among one method's runs on one
+data set (a sweep's ``method.s``, ``federation.lr``, ``federation.rounds``)
+splits that method into rows named by those keys (``fedala (s=80, p=2)``); the
+seed, the executor and logging, checkpoint and progress keys do not. Costs below it, one
 row per (row, data set): mean seconds per training round and scalars sent per
 round over the same runs. Costs are never averaged across data sets: a data
 set's model and clients set them (one method's seconds per round on MNIST's
@@ -54,6 +58,13 @@ SAME_EXPERIMENT_SECTIONS = ("data.", "logger.", "ray.")  # data: the table's col
 OWN_CLIENTS = ("leaf", "shakespeare")  # sources whose clients come with the data (one per user or role)
 
 
+# An accuracy column's rule, by whether its runs have validation splits; said in its header where any column has.
+RULES = {True: "selected on validation", False: "best on test"}
+RULES_NOTE = (
+    "Selected on validation: the test accuracy at the round of highest validation accuracy (data.val_fraction). "
+    "Best on test: the highest test accuracy over the rounds, optimistic (the test data choose the round)."
+)
+
 # The clients table's columns (Self-FL's Table 1 beside the overall accuracy), RunRecord fields.
 FINAL_COLUMNS = ("final_accuracy", "final_worst10", "final_largest10")
 
@@ -76,6 +87,8 @@ class RunRecord:
     final_accuracy: Optional[float] = None
     final_worst10: Optional[float] = None
     final_largest10: Optional[float] = None
+    # The test accuracy at the round of best validation accuracy; None without a validation split.
+    selected_accuracy: Optional[float] = None
 
 
 def read_run(run_dir: Path) -> RunRecord:
@@ -105,14 +118,22 @@ def read_run(run_dir: Path) -> RunRecord:
         result.get("final_accuracy"),
         result.get("final_worst10_accuracy"),
         result.get("final_largest10_accuracy"),
+        result.get("selected_accuracy"),
     )
 
 
 def dataset_name(cfg) -> str:
     """A run config's data setting: ``data.source`` (the directory's name for pfllib data) and, where plfl
-    partitions the data, the partition and client count, e.g. ``mnist Dir(0.1), 20 clients``: runs of one
-    source split differently are different data sets."""
-    data = cfg.data
+    partitions the data, the partition and client count, e.g. ``mnist Dir(0.1), 20 clients``, and the validation
+    split held out of training (``data.val_fraction``), e.g. ``mnist Dir(0.1), 20 clients, 10 % validation``:
+    runs of one source split differently are different data sets."""
+    name = _split_name(cfg.data)
+    fraction = cfg.data.get("val_fraction") or 0
+    return f"{name}, {100 * fraction:g} % validation" if fraction else name
+
+
+def _split_name(data) -> str:
+    """:func:`dataset_name` without the validation split."""
     name = {"pfllib": f"pfllib:{Path(str(data.get('root'))).name}", "hf": f"hf:{data.get('path')}"}.get(
         data.source, data.source
     )
@@ -217,7 +238,10 @@ def comparison_table(records: list[RunRecord]) -> str:
     methods = list(dict.fromkeys(r.method for r in done))
     rows = list(dict.fromkeys(names[r.run_dir] for r in sorted(done, key=lambda r: methods.index(r.method))))
     datasets = list(dict.fromkeys(r.dataset for r in done))
-    accuracy = ["| method | " + " | ".join(datasets) + " |", "| --- " * (len(datasets) + 1) + "|"]
+    # A data set's column is selected on validation where every run of it has a validation split.
+    selected = {d: all(r.selected_accuracy is not None for r in done if r.dataset == d) for d in datasets}
+    headers = [f"{d} ({RULES[selected[d]]})" for d in datasets] if any(selected.values()) else datasets
+    accuracy = ["| method | " + " | ".join(headers) + " |", "| --- " * (len(datasets) + 1) + "|"]
     costs = ["| method | data set | s/round | params sent/round | n |", "| --- " * 5 + "|"]
     clients = [
         "| method | data set | final accuracy | worst 10 % of clients | largest 10 % of clients | n |",
@@ -227,7 +251,8 @@ def comparison_table(records: list[RunRecord]) -> str:
         cells = []
         for dataset in datasets:
             runs = [r for r in done if names[r.run_dir] == row and r.dataset == dataset]
-            cells.append(f"{mean_std([r.best_accuracy for r in runs])} (n={len(runs)})" if runs else "–")
+            values = [r.selected_accuracy if selected[dataset] else r.best_accuracy for r in runs]
+            cells.append(f"{mean_std(values)} (n={len(runs)})" if runs else "–")
             if runs:
                 seconds = statistics.fmean(r.seconds_per_round for r in runs)
                 params = statistics.fmean(r.params_sent_per_round for r in runs)
@@ -239,5 +264,6 @@ def comparison_table(records: list[RunRecord]) -> str:
         accuracy.append(f"| {row} | " + " | ".join(cells) + " |")
     left_out = [f"- {r.run_dir}: {r.status}" + (f" ({r.note})" if r.note else "") for r in records if r not in done]
     note = ["", "Not completed, left out:", *left_out] if left_out else []
-    tables = accuracy + [""] + costs + ([""] + clients if len(clients) > 2 else [])
+    rules = ["", RULES_NOTE] if any(selected.values()) else []
+    tables = accuracy + rules + [""] + costs + ([""] + clients if len(clients) > 2 else [])
     return "\n".join((tables if done else ["No completed run."]) + note)

@@ -6,7 +6,8 @@ aggregation. Round 0 only initialises every client from the initial global
 model and evaluates; rounds 1..R train the sampled clients, aggregate,
 broadcast and evaluate. Evaluation uses each client's model right after its
 local initialisation (``pre_local_init``) and before its local training, on
-its own test split, as the reference code evaluates.
+its own test split, as the reference code evaluates; with validation splits
+(``data.val_fraction``) the same model also on its validation split.
 
 A client whose local training raises, or returns NaN/Inf parameters, is
 left out of its round's aggregation with a warning; a round fails when more
@@ -35,7 +36,7 @@ from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
 from plfl.errors import FederationError, PlflError, PlflWarning
 from plfl.executors.base import Executor, drive
 from plfl.methods.base import FederationContext, Method, nbytes, numel
-from plfl.metrics import federation_metrics
+from plfl.metrics import federation_metrics, selected_round
 from plfl.seeding import clients_per_round, global_rng_state, sample_clients, set_global_rng_state
 from plfl.state import Params
 from plfl.stopping import Stopped, deferred
@@ -234,22 +235,35 @@ class FederationLoop:
         return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
     def _evaluate(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
-        """Every client's model on its test split, and the global model (if any) on all test splits."""
+        """Every client's model on its test split and, with validation splits, on its validation split (the same
+        model, the same metrics: ``val_accuracy`` and ``val_loss`` are :func:`federation_metrics`'
+        ``accuracy`` and ``test_loss`` of the validation results), and the global model (if any) on all test
+        splits."""
         activity.start_phase("evaluation")
-        results = {}
+        validated = self.context.data.has_validation
+        results, val_results = {}, {}
         for group in self._groups():
-            evaluated = self.executor.evaluate([EvalTask(i, self.context.store.get(i, "model")) for i in group])
-            results.update(zip(group, evaluated))
-        sizes = {i: c.num_train + c.num_test for i, c in enumerate(self.context.data.clients)}
+            models = [self.context.store.get(i, "model") for i in group]
+            tasks = [EvalTask(i, m) for i, m in zip(group, models)]
+            if validated:
+                tasks += [EvalTask(i, m, split="val") for i, m in zip(group, models)]
+            evaluated = self.executor.evaluate(tasks)
+            results.update(zip(group, evaluated[: len(group)]))
+            val_results.update(zip(group, evaluated[len(group) :]))
+        sizes = {i: c.num_samples for i, c in enumerate(self.context.data.clients)}
         metrics = federation_metrics(results, sizes)
+        if validated:
+            val = federation_metrics(val_results, sizes)
+            metrics.update(val_accuracy=val["accuracy"], val_loss=val["test_loss"])
         global_model = self.method.global_model(round_)
         if global_model is not None:
             (evaluated,) = self.executor.evaluate([EvalTask(None, global_model)])
             metrics.update(global_accuracy=evaluated.accuracy, global_test_loss=evaluated.loss)
         if self.best is None or metrics["accuracy"] > self.best[0]:
             self.best = (metrics["accuracy"], round_)
-        rows = [
-            {
+        rows = []
+        for i, r in results.items():
+            row = {
                 "round": round_,
                 "client": i,
                 "num_test": r.total,
@@ -257,12 +271,20 @@ class FederationLoop:
                 "accuracy": r.accuracy,
                 "test_loss": r.loss,
             }
-            for i, r in results.items()
-        ]
+            if validated:
+                v = val_results[i]
+                row.update(num_val=v.total, val_correct=v.correct, val_accuracy=v.accuracy, val_loss=v.loss)
+            rows.append(row)
         return metrics, rows
 
     def summary(self, status: str) -> dict[str, Any]:
         """Best and final metrics and per-round costs of the rounds run so far.
+
+        With validation splits, ``selected_accuracy`` is the test accuracy at ``selected_round``, the evaluated
+        round of the highest ``val_accuracy`` (:func:`~plfl.metrics.selected_round`; pFL-Bench's rule);
+        ``best_accuracy`` at ``best_round`` is the highest test accuracy (PFLlib's rule, optimistic: the test
+        data choose the round). Both come from the finished rounds alone, so a resumed run reports what an
+        uninterrupted one does.
 
         ``seconds_per_round`` and ``params_{sent,received}_per_round`` are means
         over the training rounds 1..R (round 0 alone when no round trained).
@@ -273,10 +295,18 @@ class FederationLoop:
         def mean(key: str) -> Optional[float]:
             return sum(m.get(key, 0) for m in trained) / len(trained) if trained else None
 
+        selected: dict[str, Any] = {}
+        if self.context.data.has_validation:
+            chosen = selected_round(evaluated)
+            selected = {
+                "selected_accuracy": chosen[1] if chosen else None,
+                "selected_round": chosen[0] if chosen else None,
+            }
         return {
             "status": status,
             "method": self.method.name,
             "rounds": self.history[-1].round if self.history else None,
+            **selected,
             "best_accuracy": self.best[0] if self.best else None,
             "best_round": self.best[1] if self.best else None,
             "final_accuracy": evaluated[-1]["accuracy"] if evaluated else None,

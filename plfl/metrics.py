@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
 
 import numpy as np
 
@@ -43,6 +44,25 @@ def federation_metrics(results: Mapping[int, EvalResult], sizes: Mapping[int, in
         "largest10_accuracy": largest_accuracy(results, sizes),
         "test_loss": sum(r.loss * r.total for r in results.values() if r.total) / total,
     }
+
+
+def selected_round(rows: Iterable[Mapping[str, Any]]) -> Optional[tuple[int, float]]:
+    """The round chosen on validation data and its test accuracy: ``(round, accuracy)`` of the row with the
+    highest ``val_accuracy``, the earliest of equal ones; None when no row has a (non-NaN) ``val_accuracy``.
+
+    ``rows``: metrics.csv rows in round order (dicts with ``round``, ``accuracy`` and, in evaluated rounds of a
+    run with validation splits, ``val_accuracy``; other rows are skipped). The rule of pFL-Bench (Chen et al.,
+    NeurIPS 2022) and Motley (Wu et al., 2022): the round is selected without looking at the test data, unlike
+    the best test accuracy over rounds (``best_accuracy``), which is optimistic.
+    """
+    best: Optional[Mapping[str, Any]] = None
+    for row in rows:
+        value = row.get("val_accuracy")
+        if value is None or math.isnan(value):
+            continue
+        if best is None or value > best["val_accuracy"]:
+            best = row
+    return None if best is None else (int(best["round"]), float(best["accuracy"]))
 
 
 def tail_means(accuracies) -> tuple[float, float]:

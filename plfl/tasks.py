@@ -12,8 +12,8 @@ worker) runs it the same way. Four kinds:
   steps, APPLE's mixture, ...;
 - :class:`FeatureTask`: the outputs of a submodule (the body's features) on some of a client's training
   samples, e.g. for a step that trains the head on fixed features (ALA) or for class prototypes;
-- :class:`EvalTask`: accuracy and loss of a model on a client's test split, or on part of its
-  training split.
+- :class:`EvalTask`: accuracy and loss of a model on a client's test or validation split, or on part
+  of its training split.
 
 A hook that needs client work is a generator: ``result = yield task`` (or ``results = yield [task,
 ...]``) hands tasks to the loop and receives their results (:data:`Work`).
@@ -204,12 +204,23 @@ class FeatureTask:
 @dataclass(frozen=True, eq=False)
 class EvalTask:
     """Evaluation of ``params`` on client ``client_id``'s test split (None: on all clients' test splits
-    together, the global model's test set), or with ``samples`` on those samples of its training split
-    (a validation split held out of training)."""
+    together, the global model's test set), with ``split="val"`` on its validation split (``data.val_fraction``),
+    or with ``samples`` on those samples of its training split (a method's own hold-out, e.g. FedFomo's).
+
+    Raises:
+        ValueError: ``split`` is neither "test" nor "val", or "val" with ``samples`` or for all clients.
+    """
 
     client_id: Optional[int]
     params: Params
     samples: Optional[torch.Tensor] = None  # (m,) int64 indices into the client's training split
+    split: str = "test"  # without samples: "test" or "val", the client's split evaluated
+
+    def __post_init__(self) -> None:
+        if self.split not in ("test", "val"):
+            raise ValueError(f'an EvalTask evaluates split "test" or "val"; got {self.split!r}')
+        if self.split == "val" and (self.samples is not None or self.client_id is None):
+            raise ValueError("an EvalTask of the validation split names its client and no samples")
 
 
 Task = Union[TrainTask, StepTask, FeatureTask, EvalTask]
@@ -250,7 +261,7 @@ class FeatureResult:
 
 @dataclass
 class EvalResult:
-    """A model on one test split: ``correct`` of ``total`` samples, mean cross-entropy ``loss``."""
+    """A model on one evaluated split: ``correct`` of ``total`` samples, mean cross-entropy ``loss``."""
 
     correct: int
     total: int

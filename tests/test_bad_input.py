@@ -99,7 +99,7 @@ CASES = {
     ),
     "unknown data set": (
         lambda t: ["--config", QUICKSTART, "data.source=imagenet"],
-        "Config key 'data.source' must be one of agnews, cifar10, cifar100, digits, fashionmnist, "
+        "Config key 'data.source' must be one of agnews, cifar10, cifar100, digits, fashionmnist, hf, "
         "imagefolder, leaf, mnist, pfllib, shakespeare; got 'imagenet'.",
     ),
     "data root missing offline": (

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import torch
 
 from plfl.data.federated import ClientData, FederatedData
-from plfl.data.partition import Flower, partitions, split_train_test
+from plfl.data.partition import Flower, partitions, split_train_test, split_train_val
 from plfl.data.sources import DEFAULT_NUM_CLIENTS, data_sources
 from plfl.errors import DataError
+from plfl.seeding import derive_seed
 
 
 def load_federated_data(cfg: Any, seed: int) -> FederatedData:
@@ -31,11 +33,52 @@ def load_federated_data(cfg: Any, seed: int) -> FederatedData:
     from a vocabulary trained on the clients' training texts only; the
     result's ``vocab_size`` is then set.
 
+    With ``cfg.val_fraction`` > 0 every client's training split, whichever the
+    source, is then split once more (:func:`hold_out_validation`); at 0 the
+    clients are exactly those without the key.
+
     Raises:
         DataError: files are missing, corrupt, unsafe or inconsistent, or the
             partition is impossible with the given settings; the message names
             the file or key to fix.
     """
+    data = _clients(cfg, seed)
+    return hold_out_validation(data, cfg.val_fraction, seed) if cfg.val_fraction else data
+
+
+def hold_out_validation(data: FederatedData, val_fraction: float, seed: int) -> FederatedData:
+    """``data`` with each client's training split split into the samples it trains on and its validation split
+    (:func:`~plfl.data.partition.split_train_val`: ``ceil(val_fraction · n)`` of its n training samples, at least
+    one, stratified by label where possible), drawn from the seed of the stream ``"validation_hold_out"`` of
+    ``seed`` and the client (:func:`plfl.seeding.derive_seed`), so that a client's split depends on neither the
+    source nor the other clients. The test splits are untouched; both parts keep the training split's order.
+
+    Raises:
+        DataError: a client has fewer than 2 training samples (the message names the client).
+    """
+    clients = []
+    for i, client in enumerate(data.clients):
+        rng = np.random.default_rng(derive_seed(seed, 0, i, "validation_hold_out"))
+        try:
+            train, val = split_train_val(np.arange(client.num_train), client.y_train.numpy(), val_fraction, rng)
+        except DataError as e:
+            raise DataError(f"Client {i}: {e}") from None
+        train, val = torch.from_numpy(train), torch.from_numpy(val)
+        clients.append(
+            ClientData(
+                client.x_train[train],
+                client.y_train[train],
+                client.x_test,
+                client.y_test,
+                client.x_train[val],
+                client.y_train[val],
+            )
+        )
+    return dataclasses.replace(data, clients=clients)
+
+
+def _clients(cfg: Any, seed: int) -> FederatedData:
+    """The clients of ``cfg.source`` with their train and test splits (see :func:`load_federated_data`)."""
     source = data_sources()[cfg.source].of(cfg)
     read = source.read()
     columns = {}

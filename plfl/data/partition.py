@@ -1,4 +1,5 @@
-"""Splitting one pooled data set over clients, and each client into train/test.
+"""Splitting one pooled data set over clients, each client into train/test, and a client's training split into
+what it trains on and its validation split.
 
 Every function takes a ``numpy.random.Generator``: the same generator state
 gives the same split. Index arrays refer to positions in ``labels``. Each
@@ -403,19 +404,59 @@ def split_train_test(
             f"A client has {n} sample(s); it needs at least 2 to hold out a test sample. "
             "Lower data.num_clients (or, for the Dirichlet partition, raise data.min_samples)."
         )
+    return _hold_out(indices, labels, test_fraction, rng)
+
+
+def split_train_val(
+    indices: np.ndarray, labels: np.ndarray, val_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Split one client's training samples into what it trains on and its validation split (``data.val_fraction``),
+    as :func:`split_train_test` splits train from test: ``ceil(val_fraction * n)`` samples (clamped to
+    ``[1, n-1]``), stratified by label where possible. Both index arrays come back sorted.
+
+    Args:
+        indices: the client's int index array ``(n,)`` into ``labels``: its training split.
+        labels: int array of the labels ``indices`` point into.
+        val_fraction: fraction in (0, 1) held out for validation.
+        rng: source of randomness.
+
+    Returns:
+        ``(train_idx, val_idx)``, disjoint, each non-empty and sorted, together ``indices``.
+
+    Raises:
+        DataError: ``n < 2`` (cannot keep a training sample and hold out a validation one).
+    """
+    n = len(indices)
+    if n < 2:
+        raise DataError(
+            f"A client has {n} training sample(s); data.val_fraction={val_fraction} needs at least 2, one to train "
+            "on and one to hold out. Set data.val_fraction=0, or give every client more samples (a partitioned "
+            "source: lower data.num_clients)."
+        )
+    kept, held = _hold_out(indices, labels, val_fraction, rng)
+    return np.sort(kept), np.sort(held)
+
+
+def _hold_out(
+    indices: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(kept, held)``: ``ceil(fraction * n)`` of ``indices`` (n >= 2; clamped to ``[1, n-1]``) held out,
+    stratified by label when every class present has at least 2 samples and both sides can hold one of each
+    class, else at random; one draw from ``rng``."""
     from sklearn.model_selection import train_test_split  # scikit-learn's import is slow: only when splitting
 
-    n_test = min(max(int(np.ceil(test_fraction * n)), 1), n - 1)
+    n = len(indices)
+    n_held = min(max(int(np.ceil(fraction * n)), 1), n - 1)
     y = labels[indices]
     counts = np.unique(y, return_counts=True)[1]
-    stratifiable = counts.min() >= 2 and min(n_test, n - n_test) >= len(counts)
-    train, test = train_test_split(
+    stratifiable = counts.min() >= 2 and min(n_held, n - n_held) >= len(counts)
+    kept, held = train_test_split(
         indices,
-        test_size=n_test,
+        test_size=n_held,
         stratify=y if stratifiable else None,
         random_state=int(rng.integers(2**32)),
     )
-    return train, test
+    return kept, held
 
 
 @dataclass

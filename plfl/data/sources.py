@@ -54,6 +54,14 @@ class DataSource(Component):
         "images: each training sample is zero-padded by 4 pixels, randomly cropped back and flipped left-right "
         "with probability ½, drawn from the run's seeds; evaluation never augments",
     )
+    val_fraction: float = checked(
+        0.0,
+        lambda v: 0 <= v < 1,
+        "a number in [0, 1)",
+        "share of each client's training split held out as its validation split (seeded, stratified by label where "
+        "possible; every source, its own train/test split kept), never trained on; summary.json's selected_round "
+        "is the round of best validation accuracy. 0: none",
+    )
 
     def read(self) -> Union[Pool, FederatedData]:
         """A pooled source's :data:`Pool`, or the clients its files define.

@@ -306,12 +306,14 @@ class VectorizedExecutor:
             return self._fall_back(self.eval_reason, self.fallback.evaluate, tasks)
         self.model.eval()  # BatchNorm: running statistics
         results: list = [None] * len(tasks)
-        for split, members in self._evaluation_groups(tasks):
+        for name, members in self._evaluation_groups(tasks).items():
+            split = {"test": self.test_split, "val": self.val_split, "train": self.train_split}[name]
             spans = {i: self._evaluation_span(split, tasks[i]) for i in members}
             clients = sorted((i for i in members if tasks[i].client_id is not None), key=lambda i: -len(spans[i][1]))
             union = [[i] for i in members if tasks[i].client_id is None]
             for cohort_members in [*self._cohorts(clients), *union]:
                 self._evaluate_cohort(
+                    name,
                     split,
                     [tasks[i] for i in cohort_members],
                     [spans[i] for i in cohort_members],
@@ -320,11 +322,14 @@ class VectorizedExecutor:
                 )
         return results
 
-    def _evaluation_groups(self, tasks: list[EvalTask]) -> list[tuple[Split, list[int]]]:
-        """The tasks' indices by the split they read: the test split, or the training split (``samples``)."""
-        test = [i for i, task in enumerate(tasks) if task.samples is None]
-        train = [i for i, task in enumerate(tasks) if task.samples is not None]
-        return [(split, members) for split, members in ((self.test_split, test), (self.train_split, train)) if members]
+    @staticmethod
+    def _evaluation_groups(tasks: list[EvalTask]) -> dict[str, list[int]]:
+        """The tasks' indices by the split they read: "test", "val" (the validation split), or "train" (the
+        training split's ``samples``), those with tasks only."""
+        groups: dict[str, list[int]] = {}
+        for i, task in enumerate(tasks):
+            groups.setdefault("train" if task.samples is not None else task.split, []).append(i)
+        return {name: groups[name] for name in ("test", "val", "train") if name in groups}
 
     @staticmethod
     def _evaluation_span(split: Split, task: EvalTask) -> tuple[int, torch.Tensor]:
@@ -336,13 +341,15 @@ class VectorizedExecutor:
 
     def _evaluate_cohort(
         self,
+        name: str,
         split: Split,
         tasks: list[EvalTask],
         spans: list[tuple[int, torch.Tensor]],
         results: list,
         positions: list[int],
     ) -> None:
-        """The tasks' results, into ``results`` at ``positions``."""
+        """The tasks' results on ``split`` (the one ``name``d by :meth:`_evaluation_groups`), into ``results`` at
+        ``positions``."""
         width = max(1, EVAL_BATCH_SIZE // len(tasks))
         cohort = self._cohort_state(len(tasks))
         cohort.load([t.params for t in tasks])
@@ -351,7 +358,7 @@ class VectorizedExecutor:
             split,
             [offset for offset, _ in spans],
             [padded_rows(indices, width) for _, indices in spans],
-            ("evaluate", split is self.train_split),
+            ("evaluate", name),  # a recorded step reads its split's tensors: one recording per split
             partial(self._evaluation_step, cohort, split, width),
             cohort.counted,
         )
@@ -382,6 +389,10 @@ class VectorizedExecutor:
     @cached_property
     def test_split(self) -> Split:
         return Split.of([(c.x_test, c.y_test) for c in self.data.clients], self.device)
+
+    @cached_property
+    def val_split(self) -> Split:
+        return Split.of([(c.x_val, c.y_val) for c in self.data.clients], self.device)
 
     def _cohort_state(self, size: int) -> CohortState:
         """The stacked state that cohorts share, replaced by a larger one (and the recorded steps, which read

@@ -31,10 +31,14 @@ def _number(value, digits: int = 2) -> str:
 
 def runs_table(runs: list[ReportRun]) -> str:
     """An HTML table of the runs: label (after a square of the run's colour), method, data set, seed, status,
-    best / final accuracy (%), costs per round, directory."""
+    the accuracy (%) at the round selected on validation and that round (– without a validation split), best
+    (on test, optimistic) and final accuracy (%), costs per round, directory."""
     head = (
-        "<tr><th>run</th><th>method</th><th>data set</th><th>seed</th><th>status</th><th>best accuracy (%)</th>"
-        "<th>best round</th><th>final accuracy (%)</th><th>s / round</th><th>bytes sent / round</th>"
+        "<tr><th>run</th><th>method</th><th>data set</th><th>seed</th><th>status</th>"
+        '<th title="test accuracy at the round of highest validation accuracy">selected accuracy (%)</th>'
+        "<th>selected round</th>"
+        '<th title="highest test accuracy over the rounds: optimistic, the test data choose the round">best '
+        "accuracy (%)</th><th>best round</th><th>final accuracy (%)</th><th>s / round</th><th>bytes sent / round</th>"
         "<th>directory</th></tr>"
     )
     rows = []
@@ -42,6 +46,8 @@ def runs_table(runs: list[ReportRun]) -> str:
         s = run.summary
         cells = [html.escape(str(c)) for c in (run.label, run.method, run.dataset, run.seed, run.status)]
         numbers = [
+            _percent(s.get("selected_accuracy")),
+            str(s.get("selected_round") if s.get("selected_round") is not None else "–"),
             _percent(s.get("best_accuracy")),
             str(s.get("best_round", "–")),
             _percent(s.get("final_accuracy")),
@@ -144,8 +150,10 @@ def page_html(
 <body>
 <h1>{html.escape(title)}</h1>
 <p>{len(runs)} run{"s" if len(runs) != 1 else ""}. Accuracies in %: personalized models, each on its
-client's own test split. Hover for values and each run's method, data set, seed and directory; drag to
-zoom. A click on a run's legend entry hides or shows it in every figure; a double-click shows it alone.</p>
+client's own test split. Selected accuracy: at the round of highest validation accuracy (runs with
+data.val_fraction); best accuracy picks the round on the test data and is optimistic. Hover for values
+and each run's method, data set, seed and directory; drag to zoom. A click on a run's legend entry hides or
+shows it in every figure; a double-click shows it alone.</p>
 {"".join(suite_table(suite) for suite in suites)}
 {runs_table(runs)}
 {divs}
