@@ -165,7 +165,7 @@ MALFORMED = {
     ),
     "mixed image sizes": (
         _mixed_sizes,
-        "Image {r}/test/a/1.png is 5×6 pixels but {r}/train/a/0.png is 5×4. "
+        "Image {r}/test/a/1.png is 5×6 pixels but image {r}/train/a/0.png is 5×4. "
         "All images of a data set must have one size",
     ),
     "no class folder": (

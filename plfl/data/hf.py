@@ -25,9 +25,8 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from PIL import Image
 
-from plfl.data.imagefolder import GREY_MODES, normalise_channels
+from plfl.data.imagefolder import decode_images, normalise_channels
 from plfl.errors import DataError
 
 # A single file's builder, by suffix; a directory's files choose theirs (datasets' own inference).
@@ -305,44 +304,20 @@ def _images(parts: list[tuple[str, Any]], column: str, path: str) -> torch.Tenso
     for split, part in parts:
         stored = part.with_format("arrow")[column].combine_chunks()  # struct<bytes, path> per image
         raw, files = stored.field("bytes").to_pylist(), stored.field("path").to_pylist()
-        sources += [(f"image {i} of split {split}", b, f) for i, (b, f) in enumerate(zip(raw, files))]
+        sources += [(f"{i} of split {split}", b, f) for i, (b, f) in enumerate(zip(raw, files))]
     return normalise_channels(_decode(sources, column, path))
 
 
 def _decode(sources: list[tuple[str, Optional[bytes], Optional[str]]], column: str, path: str) -> torch.Tensor:
     """uint8 ``(n, C, H, W)`` of the images (``bytes``, else the file ``path``), channels as the image folder
-    reader makes them: RGB if any image has colour (grey ones replicated), else one grey channel; alpha dropped."""
-    images: Optional[np.ndarray] = None  # (n, H, W, 3); a grey image fills channel 0 only
-    grey = np.zeros(len(sources), dtype=bool)
-    first = sources[0][0]
-    for i, (where, raw, file) in enumerate(sources):
-        named = f"{where} in column {column!r} of {path}" + (f" ({file})" if file else "")
+    reader makes them (:func:`plfl.data.imagefolder.decode_images`)."""
+    images = []
+    for where, raw, file in sources:
+        name = f"{where} in column {column!r} of {path}" + (f" ({file})" if file else "")
         if raw is None and file is None:
-            raise DataError(f"{named.capitalize()} is missing (neither bytes nor a file). Remove the sample.")
-        try:
-            with Image.open(io.BytesIO(raw) if raw is not None else file) as image:
-                grey[i] = image.mode in GREY_MODES
-                pixels = np.asarray(image.convert("L" if grey[i] else "RGB"))
-        except Exception as e:  # noqa: BLE001  PIL raises many types on untrusted files; every one means unreadable
-            raise DataError(
-                f"{named.capitalize()} cannot be read ({type(e).__name__}: {e}). Replace or remove it; every "
-                "image must be a file PIL can open."
-            ) from None
-        if images is None:
-            images = np.empty((len(sources), *pixels.shape[:2], 3), dtype=np.uint8)
-        if pixels.shape[:2] != images.shape[1:3]:
-            height, width = images.shape[1:3]
-            raise DataError(
-                f"{named.capitalize()} is {pixels.shape[1]}×{pixels.shape[0]} pixels but {first} is "
-                f"{width}×{height}. All images of a data set must have one size: resize them first."
-            )
-        images[i, ..., : 1 if grey[i] else 3] = pixels.reshape(*pixels.shape[:2], -1)
-    assert images is not None  # _pick_splits refuses an empty pool
-    if grey.all():
-        images = images[..., :1]
-    else:  # grey images become RGB as PIL converts L to RGB: the value in every channel
-        images[grey, ..., 1:] = images[grey, ..., :1]
-    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
+            raise DataError(f"Image {name} is missing (neither bytes nor a file). Remove the sample.")
+        images.append((name, io.BytesIO(raw) if raw is not None else file))
+    return decode_images(images)
 
 
 class _Columns(Mapping):

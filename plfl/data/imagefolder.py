@@ -17,7 +17,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from plfl.errors import DataError, PlflWarning
 # Part of the cache key: raise it whenever the decoded tensors would come out differently.
 FORMAT_VERSION = 1
 _SPLITS = ("train", "test")
-GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # PIL modes decoded to one channel (L)
+_GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # PIL modes decoded to one channel (L)
 
 
 def load_image_folder(root: Optional[str], cache_dir: Optional[str] = None) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -130,36 +130,47 @@ def _cache_key(root: Path, files: list[tuple[str, int]]) -> str:
 
 def _decode(root: Path, files: list[tuple[str, int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """uint8 ``(n, C, H, W)`` images and int64 labels of ``files``."""
-    images: Optional[np.ndarray] = None  # (n, H, W, 3); a grey image fills channel 0 only
-    grey = np.zeros(len(files), dtype=bool)
-    first = root / files[0][0]
-    for i, (rel, _) in enumerate(files):
-        path = root / rel
+    images = decode_images([(str(root / rel), root / rel) for rel, _ in files])
+    return images, torch.tensor([label for _, label in files], dtype=torch.int64)
+
+
+def decode_images(images: Sequence[tuple[str, Any]]) -> torch.Tensor:
+    """uint8 ``(n, C, H, W)`` of ``images``, each ``(name, what PIL opens: a path or a binary file)``: RGB if any
+    image has colour (grey ones replicated in every channel, as PIL converts L to RGB), else one grey channel;
+    alpha dropped.
+
+    Raises:
+        DataError: an image PIL cannot open, or of another size than the first; the message names it ("Image
+            <name> ...").
+    """
+    pixels_all: Optional[np.ndarray] = None  # (n, H, W, 3); a grey image fills channel 0 only
+    grey = np.zeros(len(images), dtype=bool)
+    first = images[0][0]
+    for i, (name, source) in enumerate(images):
         try:
-            with Image.open(path) as image:
-                grey[i] = image.mode in GREY_MODES
+            with Image.open(source) as image:
+                grey[i] = image.mode in _GREY_MODES
                 pixels = np.asarray(image.convert("L" if grey[i] else "RGB"))
         except Exception as e:  # noqa: BLE001  PIL raises many types on untrusted files; every one means unreadable
             raise DataError(
-                f"Image {path} cannot be read ({type(e).__name__}: {e}). Replace or remove the "
-                "file; every file in a class folder must be an image PIL can open."
+                f"Image {name} cannot be read ({type(e).__name__}: {e}). Replace or remove it; every image must be a "
+                "file PIL can open."
             ) from None
-        if images is None:
-            images = np.empty((len(files), *pixels.shape[:2], 3), dtype=np.uint8)
-        if pixels.shape[:2] != images.shape[1:3]:
-            height, width = images.shape[1:3]
+        if pixels_all is None:
+            pixels_all = np.empty((len(images), *pixels.shape[:2], 3), dtype=np.uint8)
+        if pixels.shape[:2] != pixels_all.shape[1:3]:
+            height, width = pixels_all.shape[1:3]
             raise DataError(
-                f"Image {path} is {pixels.shape[1]}×{pixels.shape[0]} pixels but {first} is "
-                f"{width}×{height}. All images of a data set must have one size: resize them first."
+                f"Image {name} is {pixels.shape[1]}×{pixels.shape[0]} pixels but image {first} is {width}×{height}. "
+                "All images of a data set must have one size: resize them first."
             )
-        images[i, ..., : 1 if grey[i] else 3] = pixels.reshape(*pixels.shape[:2], -1)
-    assert images is not None  # _list_files returns at least one file per class
+        pixels_all[i, ..., : 1 if grey[i] else 3] = pixels.reshape(*pixels.shape[:2], -1)
+    assert pixels_all is not None, "no image to decode"
     if grey.all():
-        images = images[..., :1]
+        pixels_all = pixels_all[..., :1]
     else:  # grey images become RGB as PIL converts L to RGB: the value in every channel
-        images[grey, ..., 1:] = images[grey, ..., :1]
-    x = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
-    return x, torch.tensor([label for _, label in files], dtype=torch.int64)
+        pixels_all[grey, ..., 1:] = pixels_all[grey, ..., :1]
+    return torch.from_numpy(pixels_all).permute(0, 3, 1, 2).contiguous()
 
 
 def _read_cache(path: Path, classes: list[str], n: int) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
