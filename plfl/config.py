@@ -337,16 +337,27 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> DictConfig:
 
 
 def _read_yaml(path: Path) -> DictConfig:
+    return OmegaConf.create(
+        read_yaml(path, f"Config file {path} does not exist. Pass an existing YAML file to --config.") or {}
+    )
+
+
+def read_yaml(path: Path, missing: str) -> Any:
+    """The YAML document in ``path`` (a config, a sweep, a suite).
+
+    Raises:
+        ConfigError: ``path`` is not a file (``missing`` is the message), or not valid YAML (the message gives the
+            line and column of the problem).
+    """
     if not path.is_file():
-        raise ConfigError(f"Config file {path} does not exist. Pass an existing YAML file to --config.")
+        raise ConfigError(missing)
     try:
-        data = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e)
         raise ConfigError(f"{path} is not valid YAML{where}: {problem}. Fix the file and run again.") from None
-    return OmegaConf.create(data or {})
 
 
 def _merge(

@@ -29,12 +29,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import yaml
-
 from plfl.callbacks.files import csv_text, write_atomically
 from plfl.cluster import import_ray
 from plfl.compare import SAME_EXPERIMENT
-from plfl.config import dotted_items, load_config
+from plfl.config import dotted_items, load_config, read_yaml
 from plfl.errors import ConfigError
 from plfl.sweep import InProcessTrials, RayTrials, markdown_table
 
@@ -131,12 +129,7 @@ def load_suite(path: str | Path) -> Suite:
             a claim is not ``A > B``. Each message names the key and the fix.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"Suite file {path} does not exist. {suite_list_hint()}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}. Fix the file and run again.") from None
+    data = read_yaml(path, f"Suite file {path} does not exist. {suite_list_hint()}")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping with the keys {', '.join(sorted(SUITE_KEYS))}.")
     missing, unknown = SUITE_KEYS - set(data), set(data) - SUITE_KEYS - SUITE_KEYS_OPTIONAL

@@ -33,7 +33,7 @@ import yaml
 
 from plfl.callbacks.files import csv_text, write_atomically
 from plfl.cluster import connect, import_ray, wait
-from plfl.config import load_config, resume_config
+from plfl.config import load_config, read_yaml, resume_config
 from plfl.errors import ConfigError, PlflError
 
 with warnings.catch_warnings():
@@ -116,12 +116,7 @@ def load_sweep(path: str | Path) -> Sweep:
             with ``${args_no_hyphens}``.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"Sweep file {path} does not exist. Pass an existing W&B sweep YAML (see sweeps/).")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}. Fix the file and run again.") from None
+    data = read_yaml(path, f"Sweep file {path} does not exist. Pass an existing W&B sweep YAML (see sweeps/).")
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must be a mapping with method, metric, parameters and command.")
     data = dict(data)
