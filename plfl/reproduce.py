@@ -500,8 +500,8 @@ def suite_text(suite: Suite, results: list[CellResult]) -> str:
                 "setting": row["setting"],
                 "method": row["method"],
                 "metric": row["metric"],
-                "plfl (%)": _mean_std(row["plfl"], row["plfl_std"]),
-                "paper (%)": _mean_std(row["paper"], row["paper_std"]),
+                "plfl (%)": mean_std_text(row["plfl"], row["plfl_std"]),
+                "paper (%)": mean_std_text(row["paper"], row["paper_std"]),
                 "gap": "" if row["gap"] is None else f"{row['gap']:+.2f}",
                 "seeds": row["seeds"],
                 "rounds": "" if not row["rounds"] else f"{row['rounds']}" + (" (scaled)" if row["scaled"] else ""),
@@ -534,7 +534,9 @@ def claim_lines(results: list[CellResult], higher: str, lower: str) -> list[str]
     return lines or ["not measured yet"]
 
 
-def _mean_std(mean: Optional[float], std: Optional[float]) -> str:
+def mean_std_text(mean: Optional[float], std: Optional[float], missing: str = "") -> str:
+    """``mean ± std`` (%), two decimals; ``mean`` alone without a std (one seed, a paper without a spread);
+    ``missing`` without a mean."""
     if mean is None:
-        return ""
+        return missing
     return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"

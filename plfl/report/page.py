@@ -10,6 +10,7 @@ from plotly.offline import get_plotlyjs
 
 from plfl.report.figures import colour
 from plfl.report.runs import ReportRun
+from plfl.reproduce import mean_std_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 1.5em auto; max-width: 1300px; padding: 0 1em; color: #222; }
@@ -74,8 +75,8 @@ def suite_table(suite: dict) -> str:
     for r in suite["rows"]:
         texts = [r["setting"], r["method"], r["metric"]]
         numbers = [
-            _mean_std(r["plfl"], r["plfl_std"]),
-            _mean_std(r["paper"], r["paper_std"]),
+            mean_std_text(r["plfl"], r["plfl_std"], "–"),
+            mean_std_text(r["paper"], r["paper_std"], "–"),
             "–" if r["gap"] is None else f"{r['gap']:+.2f}",
             r["seeds"],
             "–" if r["rounds"] is None else f"{r['rounds']}" + (" (scaled)" if r["scaled"] else ""),
@@ -94,12 +95,6 @@ def suite_table(suite: dict) -> str:
         f"<h2>{html.escape(suite['title'])}</h2><p>{html.escape(suite['paper'])}</p>"
         f"<table><tr>{head}</tr>{''.join(rows)}</table>" + (f"<ul>{claims}</ul>" if claims else "")
     )
-
-
-def _mean_std(mean, std) -> str:
-    if mean is None:
-        return "–"
-    return f"{mean:.2f}" if std is None else f"{mean:.2f} ± {std:.2f}"
 
 
 def figure_div(fig: go.Figure, index: int) -> str:
