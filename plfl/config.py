@@ -31,7 +31,7 @@ from plfl.executors.options import ClientWorkOptions, ExecutorOptions, Ray, Vect
 from plfl.fields import Component, allowed, as_yaml, checked, default_of, documented, key_names, one_of, readers
 from plfl.methods import method_class, source_config_class
 from plfl.models import ModelConfig, models
-from plfl.sections import FederationConfig, TrainerConfig
+from plfl.sections import EvalConfig, FederationConfig, TrainerConfig
 
 LOGGERS = ("csv", "wandb", "none")
 # Sections a ``SECTION=NAME`` override replaces with the defaults of the component NAME (the method, the model).
@@ -90,6 +90,7 @@ class ExperimentConfig:
         doc="the method (method.name, one of plfl methods) and its own keys", default_factory=lambda: {"name": "fedavg"}
     )
     federation: FederationConfig = field(default_factory=FederationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     vectorized: Vectorized = field(default_factory=Vectorized)
     ray: Ray = field(default_factory=Ray)
     logger: LoggerConfig = field(default_factory=LoggerConfig)

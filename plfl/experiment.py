@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -15,12 +16,14 @@ from plfl.checkpoint import load_latest_checkpoint
 from plfl.config import ExperimentConfig
 from plfl.cpus import use_torch_threads
 from plfl.data import FederatedData, load_federated_data
+from plfl.data.federated import ClientData
 from plfl.errors import ConfigError, PlflError
 from plfl.executors import build_executor
 from plfl.federation import FederationLoop
 from plfl.methods import build_method
 from plfl.methods.base import FederationContext
 from plfl.models import models
+from plfl.seeding import unseen_clients
 from plfl.state import ClientStateStore
 
 
@@ -66,17 +69,29 @@ def run_experiment(
         require_full_batches(data, config.federation.batch_size)
     model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    store = ClientStateStore(len(data.clients))
-    context = FederationContext(data, store, config.federation, model, config.data.augment)
+    participants, unseen = hold_out(
+        data, unseen_clients(config.federation.seed, len(data.clients), config.federation.unseen_clients)
+    )
+    store = ClientStateStore(len(participants.clients))
+    context = FederationContext(participants, store, config.federation, model, config.data.augment)
     method = build_method(config.method, context, initial_params)
-    executor = build_executor(config.work, config.executor_options, data, model)
+    if unseen and method.new_client_model(0) is None:
+        raise ConfigError(
+            f"method.name={method.name} has no model for a client that never took part, so it cannot evaluate "
+            f"unseen clients (federation.unseen_clients={config.federation.unseen_clients}). Set "
+            "federation.unseen_clients=0, or compare on unseen clients with a method that has a global model."
+        )
+    # The executor holds every client's data: the participants', then the unseen clients' (ids from N on).
+    executor = build_executor(
+        config.work, config.executor_options, dataclasses.replace(data, clients=participants.clients + unseen), model
+    )
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or run_dir or new_run_dir(Path(cfg.output_dir) / cfg.name)
         write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        run = RunInfo(cfg, run_dir, len(data.clients), sum(p.numel() for p in model.parameters()))
+        run = RunInfo(cfg, run_dir, len(participants.clients), sum(p.numel() for p in model.parameters()))
         if config.federation.state_offload:
             context.store.offload(run_dir / "client-state")
-        loop = FederationLoop(method, context, executor, [], run)
+        loop = FederationLoop(method, context, executor, [], run, unseen, config.eval.finetune_epochs)
         if checkpoint is not None:
             loop.load_state_dict(checkpoint)
             del checkpoint  # with state_offload, its copy of the store would stay in memory all run
@@ -85,6 +100,14 @@ def run_experiment(
     finally:
         context.store.close()  # the offload files: the checkpoints hold what a resumed run needs
         executor.close()
+
+
+def hold_out(data: FederatedData, unseen: list[int]) -> tuple[FederatedData, list[ClientData]]:
+    """``data`` without the clients ``unseen`` (ids into ``data.clients``), the others keeping their order, and
+    the held-out clients' data in the order of ``unseen``."""
+    held = set(unseen)
+    kept = [c for i, c in enumerate(data.clients) if i not in held]
+    return dataclasses.replace(data, clients=kept), [data.clients[i] for i in unseen]
 
 
 def require_full_batches(data: FederatedData, batch_size: int) -> None:

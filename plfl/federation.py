@@ -16,6 +16,14 @@ non-finite global model (``Method.global_params``) after aggregation stops
 the run. ``state_dict``/``load_state_dict`` capture everything needed to
 continue a run after its last finished round.
 
+Unseen clients (``federation.unseen_clients``) are outside the federation: the
+method, its store and the client sampling see only the participating clients,
+ids ``0..N−1``; the unseen ones, ids ``N..N+U−1`` on the executor, never train,
+send or count in an aggregation. At each evaluation every unseen client
+receives ``Method.new_client_model``, fine-tuned on its own training split for
+``eval.finetune_epochs`` epochs, and is tested on its test split; the model is
+discarded after the test, so each evaluation is a fresh join.
+
 The per-client work of each phase (training with ``post_train``, the
 broadcast's ``pre_local_init``, evaluation) goes through one executor
 (:mod:`plfl.executors`); the loop keeps the books and the store. The server's
@@ -29,18 +37,20 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any, Optional
 
 from plfl.activity import current as activity
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
+from plfl.data.federated import ClientData
 from plfl.errors import FederationError, PlflError, PlflWarning
 from plfl.executors.base import Executor, drive
 from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics, selected_round
-from plfl.seeding import clients_per_round, global_rng_state, sample_clients, set_global_rng_state
+from plfl.seeding import clients_per_round, derive_seed, global_rng_state, sample_clients, set_global_rng_state
 from plfl.state import Params
 from plfl.stopping import Stopped, deferred
-from plfl.tasks import ClientFailure, EvalTask, TrainResult, Work, finite_or_failure, non_finite, resolved
+from plfl.tasks import ClientFailure, EvalTask, TrainResult, TrainTask, Work, finite_or_failure, non_finite, resolved
 
 CHECKPOINT_FORMAT = 2
 
@@ -56,6 +66,8 @@ class FederationLoop:
         executor: Executor,
         callbacks: list[FederationCallback],
         run: RunInfo,
+        unseen: Sequence[ClientData] = (),
+        finetune_epochs: int = 0,
     ):
         self.method = method
         self.context = context
@@ -67,6 +79,8 @@ class FederationLoop:
         self.best: Optional[tuple[float, int]] = None  # (accuracy, round)
         self.failures: list[dict[str, Any]] = []  # {round, client, reason} of every client left out
         self.received: dict[int, Optional[Params]] = {}  # the last broadcast's messages to the next round's clients
+        self.unseen = list(unseen)  # the unseen clients' data: executor ids num_clients, num_clients + 1, ...
+        self.finetune_epochs = finetune_epochs
 
     @property
     def num_clients(self) -> int:
@@ -120,14 +134,18 @@ class FederationLoop:
             row.update(self._train_and_aggregate(round_))
         row.update(self._broadcast(round_))
         clients: list[dict[str, Any]] = []
+        tables: dict[str, list[dict[str, Any]]] = {}
         if round_ % self.federation.eval_every == 0 or round_ == self.federation.rounds:
             evaluated, clients = self._evaluate(round_)
             row.update(evaluated)
+            if self.unseen:
+                evaluated, tables["unseen_clients"] = self._evaluate_unseen(round_)
+                row.update(evaluated, participation_gap=row["accuracy"] - evaluated["unseen_accuracy"])
         row.update(self.method.round_metrics(round_))
         if self.best is not None:
             row["best_accuracy"], row["best_round"] = self.best
         row["seconds"] = time.perf_counter() - start
-        return RoundResult(round_, row, clients, self.method.round_tables(round_))
+        return RoundResult(round_, row, clients, {**self.method.round_tables(round_), **tables})
 
     def _train_and_aggregate(self, round_: int) -> dict[str, float]:
         """Local training of the sampled clients, then the server's aggregation of those that succeeded."""
@@ -277,6 +295,49 @@ class FederationLoop:
             rows.append(row)
         return metrics, rows
 
+    def _evaluate_unseen(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """The unseen clients' models (:meth:`Method.new_client_model`, fine-tuned for ``eval.finetune_epochs``
+        epochs) on their test splits: :func:`federation_metrics` of them, each key prefixed ``unseen_``, and a
+        row per client.
+
+        Raises:
+            FederationError: an unseen client's fine-tuning failed (raised, or diverged).
+        """
+        activity.start_phase("unseen clients")
+        model = self.method.new_client_model(round_)
+        ids = range(self.num_clients, self.num_clients + len(self.unseen))
+        models = drive([self._join(client_id, model, round_) for client_id in ids], self.executor)
+        for client_id, joined in zip(ids, models):
+            if isinstance(joined, ClientFailure):
+                raise FederationError(
+                    f"Round {round_}: unseen client {client_id}'s fine-tuning (eval.finetune_epochs="
+                    f"{self.finetune_epochs}) failed: {joined.reason}. Lower eval.finetune_epochs or "
+                    "federation.lr and continue with plfl fit --resume RUN_DIR [eval.finetune_epochs=...]."
+                )
+        results = dict(zip(ids, self.executor.evaluate([EvalTask(i, m) for i, m in zip(ids, models)])))
+        metrics = federation_metrics(results, {i: c.num_samples for i, c in zip(ids, self.unseen)})
+        rows = [
+            {
+                "round": round_,
+                "client": i,
+                "num_test": r.total,
+                "correct": r.correct,
+                "accuracy": r.accuracy,
+                "test_loss": r.loss,
+            }
+            for i, r in results.items()
+        ]
+        return {f"unseen_{key}": value for key, value in metrics.items()}, rows
+
+    def _join(self, client_id: int, model: Params, round_: int) -> Work[Params]:
+        """An unseen client's model: ``model`` after ``eval.finetune_epochs`` epochs on its training split."""
+        if not self.finetune_epochs:
+            return model
+        seed = derive_seed(self.federation.seed, round_, client_id, "unseen_finetuning")
+        result = yield TrainTask(client_id, model, seed, epochs=self.finetune_epochs)
+        failure = finite_or_failure(result)
+        return failure if isinstance(failure, ClientFailure) else result.params
+
     def summary(self, status: str) -> dict[str, Any]:
         """Best and final metrics and per-round costs of the rounds run so far.
 
@@ -284,7 +345,9 @@ class FederationLoop:
         round of the highest ``val_accuracy`` (:func:`~plfl.metrics.selected_round`; pFL-Bench's rule);
         ``best_accuracy`` at ``best_round`` is the highest test accuracy (PFLlib's rule, optimistic: the test
         data choose the round). Both come from the finished rounds alone, so a resumed run reports what an
-        uninterrupted one does.
+        uninterrupted one does. With unseen clients, ``{best,selected,final}_unseen_accuracy`` and
+        ``..._participation_gap`` (participating minus unseen accuracy, pFL-Bench's gap) are taken at each of
+        those rounds.
 
         ``seconds_per_round`` and ``params_{sent,received}_per_round`` are means
         over the training rounds 1..R (round 0 alone when no round trained).
@@ -302,7 +365,7 @@ class FederationLoop:
                 "selected_accuracy": chosen[1] if chosen else None,
                 "selected_round": chosen[0] if chosen else None,
             }
-        return {
+        summary = {
             "status": status,
             "method": self.method.name,
             "rounds": self.history[-1].round if self.history else None,
@@ -324,6 +387,16 @@ class FederationLoop:
             "num_parameters": self.run_info.num_parameters,
             "client_failures": self.failures,  # {round, client, reason}; metrics.csv counts them per round
         }
+        if self.unseen:
+            summary["num_unseen_clients"] = len(self.unseen)
+            by_round = {m["round"]: m for m in evaluated}
+            for rule in ("best", "selected", "final"):
+                if f"{rule}_round" not in summary:
+                    continue
+                row = by_round.get(summary.get(f"{rule}_round"))
+                summary[f"{rule}_unseen_accuracy"] = row["unseen_accuracy"] if row else None
+                summary[f"{rule}_participation_gap"] = row["participation_gap"] if row else None
+        return summary
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue after the last finished round: the finished rounds' results,

@@ -52,6 +52,15 @@ class FederationConfig:
     eval_every: int = checked(
         1, lambda v: v >= 1, "an integer >= 1", "evaluate every this many rounds (and always the last)"
     )
+    unseen_clients: float = checked(
+        0,
+        lambda v: v == 0 or 0 < v < 1 or (v >= 1 and v == int(v)),
+        "0, a fraction in (0, 1) or a whole count >= 1",
+        "clients held out of the federation to measure how it serves new ones (pFL-Bench's unseen clients): a "
+        "fraction of the clients (rounded, at least 1) or a count, chosen by the seed. They never train, send or "
+        "count in an aggregation; at each evaluation each receives the model a newly joining client would "
+        "(the method's new_client_model), fine-tuned for eval.finetune_epochs epochs, and is tested on its test split",
+    )
     max_failed_clients: Optional[int] = checked(
         None,
         lambda v: v is None or v >= 0,
@@ -85,6 +94,19 @@ class FederationConfig:
         if self.local_steps is not None:
             return {"steps": self.local_steps}
         return {"epochs": self.local_epochs or 1}
+
+
+@dataclass
+class EvalConfig:
+    """How clients outside the training are evaluated (``eval.*``)."""
+
+    finetune_epochs: int = checked(
+        0,
+        lambda v: v >= 0,
+        "an integer >= 0",
+        "epochs an unseen client (federation.unseen_clients) trains on its own training split, from the model it "
+        "receives, before it is tested, as PFLlib's new clients are (0: tested on the received model)",
+    )
 
 
 @dataclass

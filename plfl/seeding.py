@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from plfl.errors import ConfigError
+
 # The streams numbered before streams were named, in the order of their numbers (0, 1, ...): a stream of this
 # list keeps its number, and so every run keeps its draws. Any other name is a stream of its own
 # (:func:`stream_number`); a method names its streams where it draws from them.
@@ -58,6 +60,24 @@ def sample_clients(seed: int, round_: int, num_clients: int, join_ratio: float) 
     """The ids of the :func:`clients_per_round` clients that train in ``round_``, sorted."""
     rng = np.random.default_rng(derive_seed(seed, round_, -1, "sampling"))
     return sorted(rng.choice(num_clients, size=clients_per_round(num_clients, join_ratio), replace=False).tolist())
+
+
+def unseen_clients(seed: int, num_clients: int, unseen: float) -> list[int]:
+    """The ids of the clients held out of training (``federation.unseen_clients``), sorted: ``unseen`` of the
+    ``num_clients`` when it is 1 or more, else a fraction of them, ``round(unseen · num_clients)`` and at least 1
+    (none for 0); drawn from the stream ``"unseen_clients"`` of ``seed``.
+
+    Raises:
+        ConfigError: that leaves fewer than one client to train.
+    """
+    count = 0 if unseen == 0 else int(unseen) if unseen >= 1 else max(1, round(unseen * num_clients))
+    if count >= num_clients:
+        raise ConfigError(
+            f"federation.unseen_clients={unseen} holds out {count} of the {num_clients} clients and leaves none to "
+            f"train; hold out fewer (at most {num_clients - 1}, or a fraction below 1)."
+        )
+    rng = np.random.default_rng(derive_seed(seed, 0, -1, "unseen_clients"))
+    return sorted(rng.choice(num_clients, size=count, replace=False).tolist())
 
 
 def clients_per_round(num_clients: int, join_ratio: float) -> int:

@@ -31,12 +31,13 @@ def error_of(*overrides, path=QUICKSTART) -> str:
             "federation.roundz=3",
             "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
             "Valid keys in section 'federation': batch_size, drop_last, eval_every, executor, join_ratio, "
-            "local_epochs, local_steps, lr, max_failed_clients, momentum, rounds, seed, state_offload, threads.",
+            "local_epochs, local_steps, lr, max_failed_clients, momentum, rounds, seed, state_offload, threads, "
+            "unseen_clients.",
         ),
         ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
         (
             "bogus=1",
-            "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, federation, "
+            "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, eval, federation, "
             "keep_checkpoints, logger, method, model,",
         ),
         ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),

@@ -269,3 +269,14 @@ def test_config_checks(tiny_federation):
         load_config(None, ["method.name=pfedla", "method.ala.s=50"])
     with pytest.raises(ConfigError, match="method.k=3 exceeds"):
         make_method(tiny_federation, HeurpFedLAConfig(k=3), method=HeurpFedLA)
+
+
+def test_a_new_client_gets_every_layer_mixed_with_uniform_weights(tiny_federation):
+    """What a fresh hypernetwork gives under softmax (Eq. 3–6): the mean of the clients' θ_j, over the initial
+    buffers."""
+    method, _ = make_method(tiny_federation)
+    method.thetas = {k: torch.randn(v.shape) for k, v in method.thetas.items()}
+    new = method.new_client_model(0)
+    assert set(new) == set(method.global_params)
+    for key, stacked in method.thetas.items():
+        assert torch.allclose(new[key], stacked.mean(0), atol=1e-6)

@@ -38,6 +38,7 @@ SECTIONS = {
     "data.": "Data (`data.*`)",
     "model.": "Model (`model.*`)",
     "federation.": "Federation (`federation.*`)",
+    "eval.": "Evaluation of unseen clients (`eval.*`)",
     "logger.": "Logging (`logger.*`)",
     "trainer.": "Lightning Trainer (`trainer.*`)",
     "vectorized.": "Vectorized executor (`vectorized.*`)",

@@ -186,6 +186,15 @@ class Method:
         (logged as ``global_accuracy``); None (default): no global evaluation."""
         return None
 
+    def new_client_model(self, round_: int) -> Optional[Params]:
+        """The model a client that has never taken part receives after ``round_``'s aggregation, as a newly
+        joining client would: what the federation evaluates its unseen clients on (``federation.unseen_clients``,
+        after ``eval.finetune_epochs`` of fine-tuning on the client's own training split). It must not change
+        the method's state. Default: the global model (:meth:`global_model`); None: the method has no model for a
+        new client, and a run with unseen clients is refused.
+        """
+        return self.global_model(round_)
+
     def round_tables(self, round_: int) -> dict[str, list[dict[str, Any]]]:
         """Per-round tables too large for one metrics row (e.g. per-client statistics,
         aggregation-weight matrices): name → rows; written to ``tables/<name>.csv``."""

@@ -53,6 +53,10 @@ class FedAvg(Method):
     # The executor matrix: SGD momentum and short last batches (n mod 7 ≠ 0).
     matrix_options = {"federation.momentum": 0.5, "federation.batch_size": 7}
 
+    def new_client_model(self, round_: int) -> Params:
+        """The global model Θ^t, which every client receives."""
+        return self.global_params
+
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         sizes = [self.context.data.clients[i].num_train for i in messages]
         self.global_params = weighted_average(list(messages.values()), sizes)

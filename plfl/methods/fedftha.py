@@ -91,6 +91,11 @@ class FedFTHA(Method):
     def global_model(self, round_: int) -> Params:
         return self.global_params
 
+    def new_client_model(self, round_: int) -> Params:
+        """What a client that never trained receives: the global body with the global head (FedFT: the
+        initial head)."""
+        return self.global_params
+
     def round_metrics(self, round_: int) -> dict[str, float]:
         return {"heads_stored": len(self.heads)}
 

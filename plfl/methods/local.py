@@ -24,6 +24,10 @@ class Local(Method):
         # Before its first training every client starts from the same initial model.
         return self.own_model(client_id, self.global_params)
 
+    def new_client_model(self, round_: int) -> Params:
+        """The initial model: a new client, too, trains alone (``eval.finetune_epochs``)."""
+        return self.global_params
+
     def client_message(self, client_id: int, result: TrainResult, round_: int) -> None:
         return None
 

@@ -46,6 +46,11 @@ class PartialSharing(FedAvg):
         self.initial_params = initial_params  # every client's local keys before its first round
         self.global_params = self.shared(initial_params)
 
+    def new_client_model(self, round_: int) -> Params:
+        """The shared keys over the initial model's local keys: what a client holds after its first
+        ``pre_local_init``."""
+        return {**self.initial_params, **self.global_params}
+
     def keep_local(self, model: nn.Module) -> frozenset[str]:
         """The ``state_dict`` keys of ``model`` that never leave a client."""
         raise NotImplementedError

@@ -259,6 +259,13 @@ class PFedLA(Method):
             for key in keys
         }
 
+    def new_client_model(self, round_: int) -> Params:
+        """Every layer mixed with uniform α over the clients' θ_j (Eq. 6), over the initial buffers: what a new
+        client's hypernetwork, initialised as every client's is, gives it under the softmax activation (with
+        ReLU, near-uniform α), and it keeps no layer of its own."""
+        uniform = torch.full((len(self.context.data.clients),), 1 / len(self.context.data.clients))
+        return {**self.global_params, **{key: mix(uniform, stacked) for key, stacked in self.thetas.items()}}
+
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """The client's state with the received layers replaced: buffers and retained layers stay local."""
         return self.received_over_own(client_id, message, self.global_params)
