@@ -115,7 +115,8 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> DictConfi
     NAME's defaults; overrides after it still apply. One config serves every method and model.
 
     Returns the resolved, validated config as a DictConfig (``${...}`` resolved,
-    ``data.root`` and a local ``data.path`` made absolute, the method section filled with its defaults).
+    ``data.root``, a local ``data.path`` and ``federation.system.trace`` made absolute, the method section
+    filled with its defaults).
 
     Raises:
         ConfigError: the file is missing or not valid YAML (with the line), an
@@ -171,6 +172,8 @@ def validate(raw: DictConfig, file_method: Optional[str] = None) -> DictConfig:
             cfg.data[key] = str(Path(cfg.data[key]).expanduser().resolve())
     if cfg.data.path is not None and Path(cfg.data.path).expanduser().exists():  # a local copy, not a hub id
         cfg.data.path = str(Path(cfg.data.path).expanduser().resolve())
+    if cfg.federation.system.trace is not None:
+        cfg.federation.system.trace = str(Path(cfg.federation.system.trace).expanduser().resolve())
     if cfg.name is None:
         cfg.name = f"{cfg.method.name}-{cfg.data.source}"
     return cfg

@@ -25,6 +25,7 @@ from plfl.methods.base import FederationContext
 from plfl.models import models
 from plfl.seeding import unseen_clients
 from plfl.state import ClientStateStore
+from plfl.system import SystemSimulation
 
 
 def run_experiment(
@@ -81,6 +82,11 @@ def run_experiment(
             f"unseen clients (federation.unseen_clients={config.federation.unseen_clients}). Set "
             "federation.unseen_clients=0, or compare on unseen clients with a method that has a global model."
         )
+    system = config.federation.system
+    simulation = None
+    if system.dropout or system.simulated or system.deadline is not None:
+        num_train = [c.num_train for c in participants.clients]
+        simulation = SystemSimulation(system, num_train, config.federation.batch_size, config.federation.seed)
     # The executor holds every client's data: the participants', then the unseen clients' (ids from N on).
     executor = build_executor(
         config.work, config.executor_options, dataclasses.replace(data, clients=participants.clients + unseen), model
@@ -91,7 +97,7 @@ def run_experiment(
         run = RunInfo(cfg, run_dir, len(participants.clients), sum(p.numel() for p in model.parameters()))
         if config.federation.state_offload:
             context.store.offload(run_dir / "client-state")
-        loop = FederationLoop(method, context, executor, [], run, unseen, config.eval.finetune_epochs)
+        loop = FederationLoop(method, context, executor, [], run, unseen, config.eval.finetune_epochs, simulation)
         if checkpoint is not None:
             loop.load_state_dict(checkpoint)
             del checkpoint  # with state_offload, its copy of the store would stay in memory all run

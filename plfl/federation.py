@@ -50,6 +50,7 @@ from plfl.metrics import federation_metrics, selected_round
 from plfl.seeding import clients_per_round, derive_seed, global_rng_state, sample_clients, set_global_rng_state
 from plfl.state import Params
 from plfl.stopping import Stopped, deferred
+from plfl.system import SystemSimulation
 from plfl.tasks import ClientFailure, EvalTask, TrainResult, TrainTask, Work, finite_or_failure, non_finite, resolved
 
 CHECKPOINT_FORMAT = 2
@@ -68,6 +69,7 @@ class FederationLoop:
         run: RunInfo,
         unseen: Sequence[ClientData] = (),
         finetune_epochs: int = 0,
+        system: Optional[SystemSimulation] = None,
     ):
         self.method = method
         self.context = context
@@ -81,6 +83,7 @@ class FederationLoop:
         self.received: dict[int, Optional[Params]] = {}  # the last broadcast's messages to the next round's clients
         self.unseen = list(unseen)  # the unseen clients' data: executor ids num_clients, num_clients + 1, ...
         self.finetune_epochs = finetune_epochs
+        self.system = system  # simulated client systems (federation.system): dropout, deadline, simulated time
 
     @property
     def num_clients(self) -> int:
@@ -130,11 +133,14 @@ class FederationLoop:
         start = time.perf_counter()
         activity.start_round(round_)
         row: dict[str, Any] = {"round": round_}
+        tables: dict[str, list[dict[str, Any]]] = {}
         if round_ > 0:
-            row.update(self._train_and_aggregate(round_))
+            trained, system_clients = self._train_and_aggregate(round_)
+            row.update(trained)
+            if system_clients:
+                tables["system_clients"] = system_clients
         row.update(self._broadcast(round_))
         clients: list[dict[str, Any]] = []
-        tables: dict[str, list[dict[str, Any]]] = {}
         if round_ % self.federation.eval_every == 0 or round_ == self.federation.rounds:
             evaluated, clients = self._evaluate(round_)
             row.update(evaluated)
@@ -147,26 +153,51 @@ class FederationLoop:
         row["seconds"] = time.perf_counter() - start
         return RoundResult(round_, row, clients, {**self.method.round_tables(round_), **tables})
 
-    def _train_and_aggregate(self, round_: int) -> dict[str, float]:
-        """Local training of the sampled clients, then the server's aggregation of those that succeeded."""
-        method, store = self.method, self.context.store
+    def _train_and_aggregate(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        """Local training of the sampled clients, then the server's aggregation of those that succeeded (with a
+        system simulation: those that did not drop out and arrived by the deadline). Returns the round's metrics
+        and, with a system simulation, a row per sampled client: its ``status`` (dropped, late, partial or full),
+        the training ``samples`` it processed and its simulated ``arrival`` (seconds after the broadcast)."""
+        method, store, system = self.method, self.context.store, self.system
         activity.start_phase("training")
         sampled = sample_clients(self.federation.seed, round_, self.num_clients, self.federation.join_ratio)
-        messages, failed, loss_sum, samples = {}, [], 0.0, 0
-        outcomes = drive([self._client_update(client_id, round_) for client_id in sampled], self.executor)
-        for client_id, result in zip(sampled, outcomes):
-            result = result if isinstance(result, ClientFailure) else finite_or_failure(result)
+        training = [c for c in sampled if system is None or not system.drops_out(c, round_)]
+        down = {c: nbytes(self.received.get(c)) for c in training}
+        messages, failed, late, arrivals, partial, loss_sum, samples = {}, [], [], [], 0, 0.0, 0
+        timeline = [{"round": round_, "client": c, "status": "dropped", "samples": 0} for c in sampled if c not in down]
+        outcomes = drive([self._client_update(c, round_, down[c]) for c in training], self.executor)
+        for client_id, outcome in zip(training, outcomes):
+            if system is not None and not isinstance(outcome, ClientFailure):
+                outcome, processed, cut = outcome
+                if outcome is None:  # left no mini-batch before the deadline
+                    late.append(client_id)
+                    timeline.append({"round": round_, "client": client_id, "status": "late", "samples": processed})
+                    continue
+            result = outcome if isinstance(outcome, ClientFailure) else finite_or_failure(outcome)
             if isinstance(result, ClientFailure):
                 failed.append({"round": round_, "client": client_id, "reason": result.reason})
                 continue
             store.set(client_id, "model", result.params)
-            messages[client_id] = method.client_message(client_id, result, round_)
+            message = method.client_message(client_id, result, round_)
+            if system is not None:
+                arrival = system.arrival(client_id, down[client_id], processed, nbytes(message))
+                status = "late" if system.late(arrival) else "partial" if cut else "full"
+                timeline.append(
+                    {"round": round_, "client": client_id, "status": status, "samples": processed, "arrival": arrival}
+                )
+                if status == "late":  # what it trained stays on the client; its upload does not count
+                    late.append(client_id)
+                    continue
+                arrivals.append(arrival)
+                partial += cut
+            messages[client_id] = message
             if result.samples_seen:
                 loss_sum += result.loss * result.samples_seen
                 samples += result.samples_seen
             self._emit("on_client_end", round_, client_id, result)
-        self._check_failures(round_, len(sampled), failed)
-        method.aggregate(messages, round_)
+        self._check_failures(round_, len(training), failed)
+        if messages:  # a round whose clients all dropped out or came late leaves the server as it was
+            method.aggregate(messages, round_)
         bad = non_finite(method.global_params)
         if bad is not None:
             raise FederationError(
@@ -174,14 +205,28 @@ class FederationLoop:
                 f"diverged. Lower federation.lr (now {self.federation.lr}) and start again, or continue from the "
                 "last good checkpoint with plfl fit --resume RUN_DIR federation.lr=..."
             )
-        return {
+        row = {
             "train_loss": loss_sum / samples if samples else float("nan"),
             "failed_clients": len(failed),
             "params_received": sum(numel(m) for m in messages.values()),
             "bytes_received": sum(nbytes(m) for m in messages.values()),
         }
+        if system is None:
+            return row, []
+        row.update(dropped_clients=len(sampled) - len(training), late_clients=len(late), partial_clients=partial)
+        if system.config.simulated:
+            row["simulated_seconds"] = system.round_seconds(arrivals, len(messages) < len(sampled))
+        return row, sorted(timeline, key=lambda r: r["client"])
 
-    def _client_update(self, client_id: int, round_: int) -> Work[TrainResult]:
+    def _client_update(self, client_id: int, round_: int, down: int) -> Work[Any]:
+        """The client's round (:meth:`_local_work`); with a system simulation, metered
+        (:meth:`~plfl.system.SystemSimulation.metered`, ``down`` bytes received): (value, samples, cut)."""
+        work = self._local_work(client_id, round_)
+        if self.system is None:
+            return (yield from work)
+        return (yield from self.system.metered(client_id, work, self.system.budget(client_id, down)))
+
+    def _local_work(self, client_id: int, round_: int) -> Work[TrainResult]:
         """The client's local training (from its model and the message it received) and post-training step,
         as one hook for :func:`drive`."""
         method = self.method
@@ -190,7 +235,8 @@ class FederationLoop:
         return (yield from resolved(method.post_train(client_id, result, round_)))
 
     def _check_failures(self, round_: int, sampled: int, failed: list[dict[str, Any]]) -> None:
-        """Warn about each failed client; raise FederationError when too many failed.
+        """Warn about each failed client; raise FederationError when too many of the ``sampled`` clients that
+        trained failed.
 
         Raises:
             FederationError: more than ``max_failed_clients`` failed, or all of them.
@@ -202,7 +248,7 @@ class FederationLoop:
             )
         self.failures.extend(failed)
         limit = self.federation.max_failed_clients
-        if len(failed) == sampled or (limit is not None and len(failed) > limit):
+        if (failed and len(failed) == sampled) or (limit is not None and len(failed) > limit):
             reasons = "; ".join(f"client {f['client']}: {f['reason']}" for f in failed)
             count = f"all {sampled}" if len(failed) == sampled else f"{len(failed)} of {sampled}"
             limit_text = "" if limit is None else f" (federation.max_failed_clients={limit})"
@@ -350,7 +396,9 @@ class FederationLoop:
         those rounds.
 
         ``seconds_per_round`` and ``params_{sent,received}_per_round`` are means
-        over the training rounds 1..R (round 0 alone when no round trained).
+        over the training rounds 1..R (round 0 alone when no round trained); with a system simulation, so is
+        ``simulated_seconds_per_round``, and ``dropped_clients``, ``late_clients`` and ``partial_clients`` count
+        client-rounds over all rounds.
         """
         trained = [r.metrics for r in self.history if r.round > 0] or [r.metrics for r in self.history]
         evaluated = [r.metrics for r in self.history if "accuracy" in r.metrics]
@@ -387,6 +435,12 @@ class FederationLoop:
             "num_parameters": self.run_info.num_parameters,
             "client_failures": self.failures,  # {round, client, reason}; metrics.csv counts them per round
         }
+        if self.system is not None:
+            for key in ("dropped_clients", "late_clients", "partial_clients"):  # client-rounds, all rounds
+                summary[key] = sum(r.metrics.get(key, 0) for r in self.history)
+            if self.system.config.simulated:
+                summary["simulated_seconds_per_round"] = mean("simulated_seconds")
+                summary["total_simulated_seconds"] = sum(r.metrics.get("simulated_seconds", 0) for r in self.history)
         if self.unseen:
             summary["num_unseen_clients"] = len(self.unseen)
             by_round = {m["round"]: m for m in evaluated}

@@ -7,10 +7,65 @@ import them, and :mod:`plfl.config` composes them with the sections its parts de
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
-from plfl.fields import checked, documented
+from plfl.fields import checked, documented, one_of
+
+
+@dataclass
+class SystemConfig:
+    """Simulated client systems (``federation.system.*``): compute speed, network, dropout and a round deadline.
+
+    Each participating client's profile (seconds per training sample, latency, bandwidth) is drawn once from the
+    run's seed, log-normal about the given medians, or read from ``trace``; see :mod:`plfl.system`.
+    """
+
+    sample_seconds: Optional[float] = checked(
+        None,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "median simulated seconds a client takes per training sample it processes (null: no simulated time; a "
+        "deadline needs it or a trace)",
+    )
+    compute_spread: float = checked(
+        0.0, lambda v: v >= 0, "a number >= 0", "log-std σ of the clients' seconds per sample (0: all alike)"
+    )
+    latency: float = checked(0.0, lambda v: v >= 0, "a number >= 0", "median seconds each message waits in the network")
+    bandwidth: Optional[float] = checked(
+        None,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "median bytes per second of a client's link (null: no limit)",
+    )
+    network_spread: float = checked(
+        0.0, lambda v: v >= 0, "a number >= 0", "log-std σ of the clients' latency and bandwidth (0: all alike)"
+    )
+    trace: Optional[str] = documented(
+        None,
+        "a CSV of client profiles in place of the drawn ones: columns client (0..N-1, the participating clients), "
+        "sample_seconds, latency, bandwidth (empty: no limit)",
+    )
+    dropout: float = checked(
+        0.0, lambda v: 0 <= v < 1, "a number in [0, 1)", "probability that a sampled client drops out of its round"
+    )
+    deadline: Optional[float] = checked(
+        None,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "simulated seconds from the round's broadcast by which a client's upload must arrive (null: none)",
+    )
+    late: str = one_of(
+        "drop",
+        ("drop", "partial"),
+        "a client that would miss the deadline: drop (its round's work is discarded) or partial (its training is cut "
+        "to the samples that fit, FedProx's partial work)",
+    )
+
+    @property
+    def simulated(self) -> bool:
+        """Whether clients have simulated times (``sample_seconds`` or ``trace``)."""
+        return self.sample_seconds is not None or self.trace is not None
 
 
 @dataclass
@@ -68,6 +123,7 @@ class FederationConfig:
         "a client whose training raises or diverges is left out of its round; the round fails when more than "
         "this many fail (null: only when all do)",
     )
+    system: SystemConfig = field(default_factory=SystemConfig)
     # One of plfl.executors' names; plfl.config checks it against them (they declare their own keys there).
     executor: str = documented(
         "sequential",

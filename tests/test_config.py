@@ -31,8 +31,8 @@ def error_of(*overrides, path=QUICKSTART) -> str:
             "federation.roundz=3",
             "Unknown config key 'federation.roundz'. Did you mean 'federation.rounds'? "
             "Valid keys in section 'federation': batch_size, drop_last, eval_every, executor, join_ratio, "
-            "local_epochs, local_steps, lr, max_failed_clients, momentum, rounds, seed, state_offload, threads, "
-            "unseen_clients.",
+            "local_epochs, local_steps, lr, max_failed_clients, momentum, rounds, seed, state_offload, system, "
+            "threads, unseen_clients.",
         ),
         ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
         (
