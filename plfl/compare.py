@@ -20,6 +20,11 @@ CNN and on digits' MLP differ by orders of magnitude). Then, for runs whose
 summary holds them, the clients at the final round in the layout of Self-FL's
 Table 1 (NeurIPS 2022): the accuracy, the mean accuracy of the worst 10 % of
 clients and the sample-weighted accuracy of the 10 % with the most samples.
+Then, for runs with unseen clients (``federation.unseen_clients``), the
+participating and the unseen clients' accuracy and the participation gap at
+the accuracy table's round rule (pFL-Bench's three views). The cost table
+gives the rounds run and, for runs with simulated client systems
+(``federation.system``), the mean simulated seconds per round.
 Runs that did not complete are listed after the tables with their status and
 left out.
 """
@@ -89,6 +94,12 @@ class RunRecord:
     final_largest10: Optional[float] = None
     # The test accuracy at the round of best validation accuracy; None without a validation split.
     selected_accuracy: Optional[float] = None
+    summary: dict[str, Any] = field(default_factory=dict)  # summary.json as written
+
+    def at_rule(self, key: str, selected: bool) -> Optional[float]:
+        """The summary's ``key`` (e.g. ``unseen_accuracy``) at the round of the column's rule: ``selected_<key>``
+        or ``best_<key>``."""
+        return self.summary.get(f"{'selected' if selected else 'best'}_{key}")
 
 
 def read_run(run_dir: Path) -> RunRecord:
@@ -119,6 +130,7 @@ def read_run(run_dir: Path) -> RunRecord:
         result.get("final_worst10_accuracy"),
         result.get("final_largest10_accuracy"),
         result.get("selected_accuracy"),
+        result,
     )
 
 
@@ -242,7 +254,17 @@ def comparison_table(records: list[RunRecord]) -> str:
     selected = {d: all(r.selected_accuracy is not None for r in done if r.dataset == d) for d in datasets}
     headers = [f"{d} ({RULES[selected[d]]})" for d in datasets] if any(selected.values()) else datasets
     accuracy = ["| method | " + " | ".join(headers) + " |", "| --- " * (len(datasets) + 1) + "|"]
-    costs = ["| method | data set | s/round | params sent/round | n |", "| --- " * 5 + "|"]
+    simulated = any("simulated_seconds_per_round" in r.summary for r in done)
+    costs = [
+        "| method | data set | rounds | s/round | "
+        + ("simulated s/round | " if simulated else "")
+        + "params sent/round | n |",
+        "| --- " * (6 + simulated) + "|",
+    ]
+    unseen = [
+        "| method | data set | participating clients | unseen clients | participation gap | n |",
+        "| --- " * 6 + "|",
+    ]
     clients = [
         "| method | data set | final accuracy | worst 10 % of clients | largest 10 % of clients | n |",
         "| --- " * 6 + "|",
@@ -256,7 +278,20 @@ def comparison_table(records: list[RunRecord]) -> str:
             if runs:
                 seconds = statistics.fmean(r.seconds_per_round for r in runs)
                 params = statistics.fmean(r.params_sent_per_round for r in runs)
-                costs.append(f"| {row} | {dataset} | {seconds:,.2f} | {params:,.0f} | {len(runs)} |")
+                rounds = "/".join(str(n) for n in dict.fromkeys(r.summary.get("rounds", "–") for r in runs))
+                timed = [
+                    r.summary["simulated_seconds_per_round"] for r in runs if "simulated_seconds_per_round" in r.summary
+                ]
+                sim = (f"{statistics.fmean(timed):,.2f} | " if timed else "– | ") if simulated else ""
+                costs.append(f"| {row} | {dataset} | {rounds} | {seconds:,.2f} | {sim}{params:,.0f} | {len(runs)} |")
+            held = [r for r in runs if r.at_rule("unseen_accuracy", selected[dataset]) is not None]
+            if held:
+                values = [
+                    mean_std([r.selected_accuracy if selected[dataset] else r.best_accuracy for r in held]),
+                    mean_std([r.at_rule("unseen_accuracy", selected[dataset]) for r in held]),
+                    mean_std([r.at_rule("participation_gap", selected[dataset]) for r in held]),
+                ]
+                unseen.append(f"| {row} | {dataset} | " + " | ".join(values) + f" | {len(held)} |")
             final = [r for r in runs if r.final_largest10 is not None]
             if final:
                 values = [mean_std([getattr(r, k) for r in final]) for k in FINAL_COLUMNS]
@@ -266,4 +301,5 @@ def comparison_table(records: list[RunRecord]) -> str:
     note = ["", "Not completed, left out:", *left_out] if left_out else []
     rules = ["", RULES_NOTE] if any(selected.values()) else []
     tables = accuracy + rules + [""] + costs + ([""] + clients if len(clients) > 2 else [])
+    tables += [""] + unseen if len(unseen) > 2 else []
     return "\n".join((tables if done else ["No completed run."]) + note)

@@ -11,16 +11,19 @@ from plfl.compare import comparison_table, find_runs, read_run
 from plfl.errors import PlflError
 
 
-def fake_run(path, method, source, seed, best, status="completed", seconds=2.0, params=100.0, final=None, **sections):
-    """A run directory's config.yaml and summary.json; ``final``: (accuracy, worst 10 %, largest 10 %) at the
-    final round, None for a summary from before they were kept; ``keys`` in ``sections``: more config by
-    section."""
+def fake_run(
+    path, method, source, seed, best, status="completed", seconds=2.0, params=100.0, final=None, more=None, **sections
+):
+    """A run directory's config.yaml and summary.json (20 rounds); ``final``: (accuracy, worst 10 %, largest 10 %)
+    at the final round, None for a summary from before they were kept; ``more``: other summary keys; ``keys`` in
+    ``sections``: more config by section."""
     path.mkdir(parents=True)
     config = {"method": {"name": method}, "data": {"source": source, "root": None}, "federation": {"seed": seed}}
     for section, values in sections.get("keys", {}).items():
         config[section] = {**config.get(section, {}), **values}
     OmegaConf.save(config, path / "config.yaml")
     summary = {"status": status, "best_accuracy": best, "seconds_per_round": seconds, "params_sent_per_round": params}
+    summary.update(rounds=20, **(more or {}))
     if final is not None:
         keys = ("final_accuracy", "final_worst10_accuracy", "final_largest10_accuracy")
         summary.update(zip(keys, final))
@@ -41,8 +44,8 @@ def test_table_holds_mean_and_population_std_per_method_and_dataset(tmp_path):
         "| fedala | – | 90.00 (n=1) |",
     ]
     assert costs.splitlines()[:2] == [
-        "| method | data set | s/round | params sent/round | n |",
-        "| --- | --- | --- | --- | --- |",
+        "| method | data set | rounds | s/round | params sent/round | n |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
 
 
@@ -55,9 +58,9 @@ def test_costs_are_per_data_set_never_averaged_across_them(tmp_path):
     fake_run(tmp_path / "f0", "fedavg", "digits", 0, 0.30, seconds=0.25, params=6050)
     costs = comparison_table([read_run(d) for d in find_runs([tmp_path])]).split("\n\n")[1].splitlines()
     assert costs[2:] == [
-        "| fedala | digits | 0.31 | 6,050 | 2 |",  # (0.30 + 0.32) / 2
-        "| fedala | mnist | 103.25 | 11,640,520 | 2 |",  # (102 + 104.5) / 2
-        "| fedavg | digits | 0.25 | 6,050 | 1 |",
+        "| fedala | digits | 20 | 0.31 | 6,050 | 2 |",  # (0.30 + 0.32) / 2
+        "| fedala | mnist | 20 | 103.25 | 11,640,520 | 2 |",  # (102 + 104.5) / 2
+        "| fedavg | digits | 20 | 0.25 | 6,050 | 1 |",
     ]
 
 
@@ -73,6 +76,34 @@ def test_the_clients_table_holds_self_fls_table_1_columns_for_runs_that_recorded
     ]
     fake_run(tmp_path / "only-old", "fedavg", "mnist", 0, 0.6)
     assert comparison_table([read_run(tmp_path / "only-old")]).count("\n\n") == 1  # no clients table
+
+
+def test_unseen_clients_and_simulated_time_get_their_columns_where_runs_have_them(tmp_path):
+    unseen = {"best_unseen_accuracy": 0.5, "best_participation_gap": 0.3, "simulated_seconds_per_round": 12.5}
+    fake_run(tmp_path / "a0", "fedavg", "digits", 0, 0.8, more=unseen)
+    fake_run(
+        tmp_path / "a1",
+        "fedavg",
+        "digits",
+        1,
+        0.6,
+        more={**unseen, "best_unseen_accuracy": 0.7, "best_participation_gap": -0.1},
+    )
+    fake_run(tmp_path / "b0", "ditto", "digits", 0, 0.9)
+    tables = comparison_table([read_run(d) for d in find_runs([tmp_path])]).split("\n\n")
+    assert (
+        tables[1].splitlines()[0]
+        == "| method | data set | rounds | s/round | simulated s/round | params sent/round | n |"
+    )
+    assert tables[1].splitlines()[2:] == [
+        "| fedavg | digits | 20 | 2.00 | 12.50 | 100 | 2 |",
+        "| ditto | digits | 20 | 2.00 | – | 100 | 1 |",
+    ]
+    assert tables[2].splitlines() == [
+        "| method | data set | participating clients | unseen clients | participation gap | n |",
+        "| --- | --- | --- | --- | --- | --- |",
+        "| fedavg | digits | 70.00 ± 10.00 | 60.00 ± 10.00 | 10.00 ± 20.00 | 2 |",
+    ]
 
 
 def test_not_a_run_is_refused(tmp_path):
