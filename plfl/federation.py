@@ -46,7 +46,7 @@ from plfl.data.federated import ClientData
 from plfl.errors import FederationError, PlflError, PlflWarning
 from plfl.executors.base import Executor, drive
 from plfl.methods.base import FederationContext, Method, nbytes, numel
-from plfl.metrics import federation_metrics, selected_round
+from plfl.metrics import federation_metrics, hurt_fraction, selected_round
 from plfl.seeding import clients_per_round, derive_seed, global_rng_state, sample_clients, set_global_rng_state
 from plfl.state import Params
 from plfl.stopping import Stopped, deferred
@@ -301,8 +301,9 @@ class FederationLoop:
     def _evaluate(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Every client's model on its test split and, with validation splits, on its validation split (the same
         model, the same metrics: ``val_accuracy`` and ``val_loss`` are :func:`federation_metrics`'
-        ``accuracy`` and ``test_loss`` of the validation results), and the global model (if any) on all test
-        splits."""
+        ``accuracy`` and ``test_loss`` of the validation results), and the global model (if any) on every
+        client's test split: ``global_accuracy`` and ``global_test_loss`` pooled over them, and
+        :func:`~plfl.metrics.hurt_fraction`."""
         activity.start_phase("evaluation")
         validated = self.context.data.has_validation
         results, val_results = {}, {}
@@ -320,9 +321,15 @@ class FederationLoop:
             val = federation_metrics(val_results, sizes)
             metrics.update(val_accuracy=val["accuracy"], val_loss=val["test_loss"])
         global_model = self.method.global_model(round_)
+        global_results = {}
         if global_model is not None:
-            (evaluated,) = self.executor.evaluate([EvalTask(None, global_model)])
-            metrics.update(global_accuracy=evaluated.accuracy, global_test_loss=evaluated.loss)
+            global_results = dict(zip(results, self.executor.evaluate([EvalTask(i, global_model) for i in results])))
+            pooled = federation_metrics(global_results, sizes)
+            metrics.update(
+                global_accuracy=pooled["accuracy"],
+                global_test_loss=pooled["test_loss"],
+                personalization_hurt_fraction=hurt_fraction(results, global_results),
+            )
         if self.best is None or metrics["accuracy"] > self.best[0]:
             self.best = (metrics["accuracy"], round_)
         rows = []
@@ -338,6 +345,8 @@ class FederationLoop:
             if validated:
                 v = val_results[i]
                 row.update(num_val=v.total, val_correct=v.correct, val_accuracy=v.accuracy, val_loss=v.loss)
+            if global_results:
+                row.update(global_correct=global_results[i].correct, global_accuracy=global_results[i].accuracy)
             rows.append(row)
         return metrics, rows
 

@@ -46,6 +46,20 @@ def federation_metrics(results: Mapping[int, EvalResult], sizes: Mapping[int, in
     }
 
 
+def hurt_fraction(personal: Mapping[int, EvalResult], global_: Mapping[int, EvalResult]) -> float:
+    """The fraction of clients whose personalized model is less accurate on their test split than the global
+    model (Motley, Wu et al., 2022: the clients that personalization hurts); over the clients of ``personal``
+    that have test samples, each needing its ``global_`` result on the same split.
+
+    Raises:
+        ValueError: no client has test samples.
+    """
+    tested = [i for i, r in personal.items() if r.total]
+    if not tested:
+        raise ValueError("no client test samples to evaluate")
+    return sum(personal[i].accuracy < global_[i].accuracy for i in tested) / len(tested)
+
+
 def selected_round(rows: Iterable[Mapping[str, Any]]) -> Optional[tuple[int, float]]:
     """The round chosen on validation data and its test accuracy: ``(round, accuracy)`` of the row with the
     highest ``val_accuracy``, the earliest of equal ones; None when no row has a (non-NaN) ``val_accuracy``.

@@ -203,15 +203,15 @@ class FeatureTask:
 
 @dataclass(frozen=True, eq=False)
 class EvalTask:
-    """Evaluation of ``params`` on client ``client_id``'s test split (None: on all clients' test splits
-    together, the global model's test set), with ``split="val"`` on its validation split (``data.val_fraction``),
-    or with ``samples`` on those samples of its training split (a method's own hold-out, e.g. FedFomo's).
+    """Evaluation of ``params`` on client ``client_id``'s test split, with ``split="val"`` on its validation
+    split (``data.val_fraction``), or with ``samples`` on those samples of its training split (a method's own
+    hold-out, e.g. FedFomo's).
 
     Raises:
-        ValueError: ``split`` is neither "test" nor "val", or "val" with ``samples`` or for all clients.
+        ValueError: ``split`` is neither "test" nor "val", or "val" with ``samples``.
     """
 
-    client_id: Optional[int]
+    client_id: int
     params: Params
     samples: Optional[torch.Tensor] = None  # (m,) int64 indices into the client's training split
     split: str = "test"  # without samples: "test" or "val", the client's split evaluated
@@ -219,8 +219,8 @@ class EvalTask:
     def __post_init__(self) -> None:
         if self.split not in ("test", "val"):
             raise ValueError(f'an EvalTask evaluates split "test" or "val"; got {self.split!r}')
-        if self.split == "val" and (self.samples is not None or self.client_id is None):
-            raise ValueError("an EvalTask of the validation split names its client and no samples")
+        if self.split == "val" and self.samples is not None:
+            raise ValueError("an EvalTask of the validation split names no samples")
 
 
 Task = Union[TrainTask, StepTask, FeatureTask, EvalTask]

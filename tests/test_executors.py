@@ -355,7 +355,7 @@ def test_warmed_up_recorded_steps_train_as_steps_run_once(tiny_federation):
             (
                 executor.train(tasks),
                 executor.step(ala),
-                executor.evaluate([EvalTask(i, anchor) for i in range(4)] + [EvalTask(None, anchor)]),
+                executor.evaluate([EvalTask(i, anchor) for i in range(4)] + [EvalTask(i, start) for i in range(4)]),
             )
         )
     (trained, stepped, evaluated), (trained_warm, stepped_warm, evaluated_warm) = results
@@ -462,7 +462,7 @@ def test_training_ala_and_evaluation_steps_never_read_a_tensor_on_the_host(tiny_
     start = model.state_dict()
     executor.train([TrainTask(i, start, seed=i, epochs=1, proximal=ProximalTerm(start, 0.1)) for i in range(3)])
     executor.step(ala_tasks(context, ALAConfig(p=p), [start] * 3, [start] * 3))
-    executor.evaluate([EvalTask(i, start) for i in range(3)] + [EvalTask(None, start)])
+    executor.evaluate([EvalTask(i, start) for i in range(3)])
     assert {"aten.convolution_backward", "aten.max_pool2d_with_indices", "aten.argmax"} <= recorder.ops
     assert not recorder.ops & SYNCHRONISING
 
@@ -489,7 +489,7 @@ def test_augmentation_falls_back_for_training_only(tiny_federation):
         PlflWarning, match="runs this work on the sequential executor: data.augment draws random crops and flips.$"
     ):
         executor.train([TrainTask(0, start, seed=0, epochs=1)])
-    tasks = [EvalTask(1, start), EvalTask(None, start)]
+    tasks = [EvalTask(1, start), EvalTask(2, start)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no notice: evaluation stays vectorized
         results = executor.evaluate(tasks)

@@ -16,8 +16,10 @@ from plfl.config import resume_config
 from plfl.data import load_federated_data
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
+from plfl.metrics import hurt_fraction
 from plfl.models import build_model
 from plfl.seeding import unseen_clients
+from plfl.tasks import EvalResult
 
 UNSEEN = {"federation.unseen_clients": 2, "federation.rounds": 2}
 
@@ -136,3 +138,26 @@ def test_unseen_clients_agree_on_the_sequential_and_vectorized_executors(digits_
     assert [r["correct"] for r in vectorized] == [r["correct"] for r in sequential]
     for one, other in zip(vectorized, sequential, strict=True):
         assert float(one["test_loss"]) == pytest.approx(float(other["test_loss"]), abs=1e-4)
+
+
+def test_hurt_fraction_counts_the_clients_the_global_model_serves_better():
+    personal = {
+        0: EvalResult(8, 10, 0.1),
+        1: EvalResult(5, 10, 0.1),
+        2: EvalResult(3, 4, 0.1),
+        3: EvalResult(0, 0, 0.0),
+    }
+    global_ = {0: EvalResult(9, 10, 0.1), 1: EvalResult(5, 10, 0.1), 2: EvalResult(1, 4, 0.1), 3: EvalResult(0, 0, 0.0)}
+    assert hurt_fraction(personal, global_) == pytest.approx(1 / 3)  # client 0 of the 3 with test samples
+
+
+def test_a_method_with_a_global_model_scores_it_on_every_participating_client(digits_config):
+    """Ditto: clients.csv holds the global model's result per client; global_accuracy pools them and
+    personalization_hurt_fraction counts the clients where it beats the personalized model."""
+    run_dir, _ = run_experiment(digits_config(**{**UNSEEN, "method.name": "ditto"}))
+    clients = [r for r in csv_rows(run_dir / "clients.csv") if r["round"] == "2"]
+    metrics = csv_rows(run_dir / "metrics.csv")[-1]
+    pooled = sum(int(r["global_correct"]) for r in clients) / sum(int(r["num_test"]) for r in clients)
+    assert float(metrics["global_accuracy"]) == pytest.approx(pooled, abs=1e-12)
+    hurt = sum(float(r["accuracy"]) < float(r["global_accuracy"]) for r in clients) / len(clients)
+    assert float(metrics["personalization_hurt_fraction"]) == pytest.approx(hurt)

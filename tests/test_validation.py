@@ -131,10 +131,9 @@ def test_a_val_fraction_outside_0_to_1_is_refused(value):
         validate(OmegaConf.create({"data": {"val_fraction": value}}))
 
 
-def test_an_evaluation_of_the_validation_split_names_its_client_and_no_samples():
-    for bad in (dict(client_id=None, split="val"), dict(client_id=0, split="val", samples=torch.tensor([0]))):
-        with pytest.raises(ValueError, match="validation split"):
-            EvalTask(params={}, **bad)
+def test_an_evaluation_of_the_validation_split_names_no_samples():
+    with pytest.raises(ValueError, match="validation split names no samples"):
+        EvalTask(0, {}, split="val", samples=torch.tensor([0]))
     with pytest.raises(ValueError, match='"test" or "val"'):
         EvalTask(0, {}, split="train")
 
@@ -225,8 +224,8 @@ def test_a_client_is_validated_with_the_model_its_test_accuracy_uses(digits_conf
 
     monkeypatch.setattr(FederationLoop, "_evaluate", recorded)
     run_experiment(digits_config(**{"data.val_fraction": 0.2, "method.name": "pfedme", "federation.rounds": 1}))
-    client_calls = [tasks for tasks in calls if tasks[0].client_id is not None]
-    assert len(client_calls) == 2  # rounds 0 and 1; the global model's calls apart
+    client_calls = [tasks for tasks in calls if any(t.split == "val" for t in tasks)]
+    assert len(client_calls) == 2  # rounds 0 and 1; the global model's calls (test splits only) apart
     for tasks in client_calls:
         test = {t.client_id: t.params for t in tasks if t.split == "test"}
         val = {t.client_id: t.params for t in tasks if t.split == "val"}

@@ -123,9 +123,8 @@ class RayExecutor:
 
     def evaluate(self, tasks: list[EvalTask]) -> list[EvalResult]:
         def fail(task: EvalTask, reason: str) -> EvalResult:
-            client = "the global model" if task.client_id is None else f"client {task.client_id}"
             raise FederationError(
-                f"The evaluation of {client} failed: {reason}. Continue with plfl fit "
+                f"The evaluation of client {task.client_id} failed: {reason}. Continue with plfl fit "
                 "--resume RUN_DIR once the cluster is healthy."
             )
 

@@ -152,16 +152,8 @@ class SequentialExecutor:
 
     def _evaluation_split(self, task: EvalTask) -> tuple[torch.Tensor, torch.Tensor]:
         """(x, y) that ``task`` evaluates on: a client's test or validation split or samples of its training
-        split, or all clients' test splits (:attr:`union_test_split`)."""
+        split."""
         if task.samples is not None:
             return self._training_split(task.client_id, task.samples)
-        if task.client_id is None:
-            return self.union_test_split
         client = self.data.clients[task.client_id]
         return (client.x_val, client.y_val) if task.split == "val" else (client.x_test, client.y_test)
-
-    @cached_property
-    def union_test_split(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All clients' test samples together: the global model's test set."""
-        clients = self.data.clients
-        return torch.cat([c.x_test for c in clients]), torch.cat([c.y_test for c in clients])

@@ -309,9 +309,8 @@ class VectorizedExecutor:
         for name, members in self._evaluation_groups(tasks).items():
             split = {"test": self.test_split, "val": self.val_split, "train": self.train_split}[name]
             spans = {i: self._evaluation_span(split, tasks[i]) for i in members}
-            clients = sorted((i for i in members if tasks[i].client_id is not None), key=lambda i: -len(spans[i][1]))
-            union = [[i] for i in members if tasks[i].client_id is None]
-            for cohort_members in [*self._cohorts(clients), *union]:
+            clients = sorted(members, key=lambda i: -len(spans[i][1]))
+            for cohort_members in self._cohorts(clients):
                 self._evaluate_cohort(
                     name,
                     split,
@@ -334,8 +333,6 @@ class VectorizedExecutor:
     @staticmethod
     def _evaluation_span(split: Split, task: EvalTask) -> tuple[int, torch.Tensor]:
         """(offset, (n,) indices from it) of the samples ``task`` evaluates in ``split``."""
-        if task.client_id is None:
-            return 0, torch.arange(len(split.y))
         indices = torch.arange(split.sizes[task.client_id]) if task.samples is None else task.samples
         return split.offsets[task.client_id], indices
 
