@@ -37,6 +37,7 @@ TITLES = [
     "Test accuracy per round",
     "Client accuracy at the best round",
     "Worst-10 %, top-10 % and largest-10 % client accuracy",
+    "Test loss (solid) and training loss (dotted) per round",
     "Seconds per round",
     "Bytes sent and received by the server per round",
     "Global-model accuracy (solid) and personalized accuracy (dotted)",
@@ -534,15 +535,16 @@ def test_twenty_run_report_renders_readably_in_headless_chromium(sweep_root, tmp
     monkeypatch.delenv("DISPLAY", raising=False)
     html = write_report([sweep_root], tmp_path / "report.html")
     result = render_in_chromium(html, tmp_path / "report.png", then=click_a_run_in_the_first_legend)
-    assert result.figures == result.with_svg == result.drawn == 6  # TITLES[:5] and ALA's
+    assert result.figures == result.with_svg == result.drawn == 7  # TITLES[:6] and ALA's
     assert result.severe == []
 
     before, after = result.then
-    assert [f["title"] for f in before] == TITLES[:5] + ["ALA weight statistics"]
-    assert [f["yaxes"] for f in before[:5]] == [
+    assert [f["title"] for f in before] == TITLES[:6] + ["ALA weight statistics"]
+    assert [f["yaxes"] for f in before[:6]] == [
         ["linear"],
         ["category"],
         ["linear", "linear", "linear"],
+        ["linear"],
         ["log"],
         ["log", "log"],
     ]
@@ -550,6 +552,6 @@ def test_twenty_run_report_renders_readably_in_headless_chromium(sweep_root, tmp
         assert figure["legend"] == ([] if figure["title"] == TITLES[1] else SWEEP_LABELS), figure["title"]
         assert not figure["scrolls"] and figure["hidden"] == [], figure["title"]  # every entry in view
     # One click in the first legend hides that run in every figure, the boxes included.
-    assert [f["hidden"] for f in after] == [[SWEEP_LABELS[7]]] * 6
+    assert [f["hidden"] for f in after] == [[SWEEP_LABELS[7]]] * 7
     # Rounds 0-20 with half a round of room at both ends: the one-round run is not drawn onto the axis.
     assert all(f["xrange"] == [-0.5, 20.5] for f in before if f["title"] != TITLES[1])

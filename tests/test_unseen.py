@@ -18,6 +18,9 @@ from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.metrics import hurt_fraction
 from plfl.models import build_model
+from plfl.report import load_runs
+from plfl.report.figures import all_figures
+from plfl.report.page import runs_table
 from plfl.seeding import unseen_clients
 from plfl.tasks import EvalResult
 
@@ -161,3 +164,20 @@ def test_a_method_with_a_global_model_scores_it_on_every_participating_client(di
     assert float(metrics["global_accuracy"]) == pytest.approx(pooled, abs=1e-12)
     hurt = sum(float(r["accuracy"]) < float(r["global_accuracy"]) for r in clients) / len(clients)
     assert float(metrics["personalization_hurt_fraction"]) == pytest.approx(hurt)
+
+
+def test_the_report_draws_unseen_against_participating_clients_and_tabulates_the_gap(digits_config):
+    keys = {**UNSEEN, "federation.system.sample_seconds": 0.001}
+    run_dir, summary = run_experiment(digits_config(**keys))
+    runs = load_runs([run_dir])
+    figures = {f.layout.title.text: f for f in all_figures(runs)}
+    unseen, participating = figures[
+        "Unseen clients' accuracy (solid) and participating clients' accuracy (dotted)"
+    ].data
+    metrics = csv_rows(run_dir / "metrics.csv")
+    assert list(unseen.y) == pytest.approx([100 * float(r["unseen_accuracy"]) for r in metrics])
+    assert list(participating.y) == pytest.approx([100 * float(r["accuracy"]) for r in metrics])
+    table = runs_table(runs)
+    assert '<th title="federation.unseen_clients, at the final round">unseen accuracy (%)</th>' in table
+    assert f'<td class="num">{100 * summary["final_participation_gap"]:.2f}</td>' in table
+    assert "simulated s / round" in table

@@ -2,8 +2,9 @@
 
 The page shows, for the runs given: accuracy per round, the client accuracy
 distribution at each run's best round, worst-10 % / top-10 % client accuracy
-and the largest 10 % of clients' accuracy, seconds and bytes per round (log
-axes), and the method-specific panels a run has data for (global-model
+and the largest 10 % of clients' accuracy, test and training loss, seconds
+(measured and simulated) and bytes per round (log axes), and the panels a run
+has data for (global-model accuracy, unseen against participating clients'
 accuracy, ALA weights, Self-FL's σ_0², σ_m², l_m, pFedLA's aggregation-weight
 heatmaps). It stays readable with many runs (a sweep's): short legend labels
 with the details on hover, one colour per run, and a legend click shows or

@@ -176,12 +176,17 @@ def tail_figure(runs: list[ReportRun]) -> go.Figure:
 
 
 def seconds_figure(runs: list[ReportRun]) -> go.Figure:
-    """Wall-clock seconds of every round (metrics.csv ``seconds``; round 0 is only evaluation), log axis."""
+    """Wall-clock seconds of every round (metrics.csv ``seconds``; round 0 is only evaluation) and, for runs with
+    simulated client systems, the simulated seconds (``simulated_seconds``, dashed), log axis."""
     fig = go.Figure()
     for run in runs:
         rounds, seconds = _positive(*run.series("seconds"))
-        fig.add_trace(_line(runs, run, rounds, seconds, hover="%{y:.3g} s"))
-    fig = _layout(fig, "Seconds per round", "seconds")
+        fig.add_trace(_line(runs, run, rounds, seconds, "measured ", hover="%{y:.3g} s"))
+        if run.has("simulated_seconds"):
+            rounds, seconds = _positive(*run.series("simulated_seconds"))
+            fig.add_trace(_line(runs, run, rounds, seconds, "simulated ", "dash", "%{y:.3g} s", False))
+    simulated = any(run.has("simulated_seconds") for run in runs)
+    fig = _layout(fig, "Seconds per round" + (" (simulated: dashed)" if simulated else ""), "seconds")
     _value_axis(fig)
     return fig
 
@@ -207,19 +212,43 @@ def communication_figure(runs: list[ReportRun]) -> go.Figure:
 
 
 def global_accuracy_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
-    """The global model's accuracy on the union of test splits (``global_accuracy``, solid) against the
-    personalized models' accuracy (dotted, no legend entry of its own), for runs whose method has a global
-    model (FedFTHA, Self-FL)."""
-    own = [r for r in runs if r.has("global_accuracy")]
+    """The global model's accuracy on the clients' test splits (``global_accuracy``, solid) against the
+    personalized models' accuracy (dotted), for runs whose method has a global model (FedFTHA, Self-FL, ...)."""
+    title = "Global-model accuracy (solid) and personalized accuracy (dotted)"
+    return _against_accuracy(runs, "global_accuracy", "global model", "personalized", title)
+
+
+def unseen_accuracy_figure(runs: list[ReportRun]) -> Optional[go.Figure]:
+    """The unseen clients' accuracy (``unseen_accuracy``, solid) against the participating clients' (dotted), for
+    runs with ``federation.unseen_clients``: the participation gap is the distance between the two."""
+    title = "Unseen clients' accuracy (solid) and participating clients' accuracy (dotted)"
+    return _against_accuracy(runs, "unseen_accuracy", "unseen clients", "participating", title)
+
+
+def _against_accuracy(runs: list[ReportRun], column: str, what: str, accuracy: str, title: str) -> Optional[go.Figure]:
+    """``column`` (a fraction, solid; ``what`` in the hover text) beside ``accuracy`` (dotted, no legend entry of
+    its own; ``accuracy`` in the hover text) per round, for the runs that have it; None when none has."""
+    own = [r for r in runs if r.has(column)]
     if not own:
         return None
     fig = go.Figure()
     for run in own:
-        rounds, acc = run.series("global_accuracy")
-        fig.add_trace(_line(runs, run, rounds, [100 * a for a in acc], "global model ", hover=PERCENT))
+        rounds, acc = run.series(column)
+        fig.add_trace(_line(runs, run, rounds, [100 * a for a in acc], f"{what} ", hover=PERCENT))
         rounds, acc = run.series("accuracy")
-        fig.add_trace(_line(runs, run, rounds, [100 * a for a in acc], "personalized ", "dot", PERCENT, False))
-    return _layout(fig, "Global-model accuracy (solid) and personalized accuracy (dotted)", "accuracy (%)")
+        fig.add_trace(_line(runs, run, rounds, [100 * a for a in acc], f"{accuracy} ", "dot", PERCENT, False))
+    return _layout(fig, title, "accuracy (%)")
+
+
+def loss_figure(runs: list[ReportRun]) -> go.Figure:
+    """Test loss (metrics.csv ``test_loss``, solid) and training loss (``train_loss``, dotted) per round."""
+    fig = go.Figure()
+    for run in runs:
+        fig.add_trace(_line(runs, run, *run.series("test_loss"), "test loss "))
+        fig.add_trace(_line(runs, run, *run.series("train_loss"), "training loss ", "dot", show_legend=False))
+    fig = _layout(fig, "Test loss (solid) and training loss (dotted) per round", "cross-entropy")
+    _value_axis(fig)
+    return fig
 
 
 def panels_figure(runs: list[ReportRun], spec: Panels) -> Optional[go.Figure]:
@@ -372,8 +401,10 @@ def all_figures(runs: list[ReportRun]) -> list[go.Figure]:
         accuracy_figure(runs),
         client_distribution_figure(runs),
         tail_figure(runs),
+        loss_figure(runs),
         seconds_figure(runs),
         communication_figure(runs),
         global_accuracy_figure(runs),
+        unseen_accuracy_figure(runs),
     ]
     return [f for f in figures if f is not None] + method_figures(runs)

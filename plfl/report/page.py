@@ -32,27 +32,42 @@ def _number(value, digits: int = 2) -> str:
 
 def runs_table(runs: list[ReportRun]) -> str:
     """An HTML table of the runs: label (after a square of the run's colour), method, data set, seed, status,
-    the accuracy (%) at the round selected on validation and that round (– without a validation split), best
-    (on test, optimistic) and final accuracy (%), costs per round, directory."""
+    rounds, the accuracy (%) at the round selected on validation and that round (– without a validation split),
+    best (on test, optimistic) and final accuracy (%), where any run has them the unseen clients' final accuracy
+    and the participation gap (percentage points), costs per round (simulated seconds where any run has them),
+    directory."""
+    unseen = any("final_unseen_accuracy" in run.summary for run in runs)
+    simulated = any("simulated_seconds_per_round" in run.summary for run in runs)
     head = (
-        "<tr><th>run</th><th>method</th><th>data set</th><th>seed</th><th>status</th>"
+        "<tr><th>run</th><th>method</th><th>data set</th><th>seed</th><th>status</th><th>rounds</th>"
         '<th title="test accuracy at the round of highest validation accuracy">selected accuracy (%)</th>'
         "<th>selected round</th>"
         '<th title="highest test accuracy over the rounds: optimistic, the test data choose the round">best '
-        "accuracy (%)</th><th>best round</th><th>final accuracy (%)</th><th>s / round</th><th>bytes sent / round</th>"
-        "<th>directory</th></tr>"
+        "accuracy (%)</th><th>best round</th><th>final accuracy (%)</th>"
+        + (
+            '<th title="federation.unseen_clients, at the final round">unseen accuracy (%)</th>'
+            '<th title="participating minus unseen accuracy, final round">gap (pp)</th>'
+            if unseen
+            else ""
+        )
+        + "<th>s / round</th>"
+        + ("<th>simulated s / round</th>" if simulated else "")
+        + "<th>bytes sent / round</th><th>directory</th></tr>"
     )
     rows = []
     for run in runs:
         s = run.summary
         cells = [html.escape(str(c)) for c in (run.label, run.method, run.dataset, run.seed, run.status)]
         numbers = [
+            str(s.get("rounds", "–")),
             _percent(s.get("selected_accuracy")),
             str(s.get("selected_round") if s.get("selected_round") is not None else "–"),
             _percent(s.get("best_accuracy")),
             str(s.get("best_round", "–")),
             _percent(s.get("final_accuracy")),
+            *([_percent(s.get("final_unseen_accuracy")), _percent(s.get("final_participation_gap"))] if unseen else []),
             _number(s.get("seconds_per_round")),
+            *([_number(s.get("simulated_seconds_per_round"))] if simulated else []),
             _number(s.get("bytes_sent_per_round"), 0),
         ]
         cells[0] = f'<span style="color: {colour(runs, run)}">&#9632;</span> {cells[0]}'  # its lines' colour
