@@ -175,6 +175,26 @@ def test_local_steps_train_on_ray_as_on_the_sequential_executor(local_ray, tmp_p
         assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
 
 
+@pytest.mark.slow
+def test_unseen_clients_and_partial_work_run_on_ray_as_on_the_sequential_executor(local_ray, tmp_path):
+    """Unseen clients fine-tuned and tested, stragglers cut to partial work, some dropped: bit for bit."""
+    keys = {
+        "federation.unseen_clients": 1,
+        "eval.finetune_epochs": 1,
+        "federation.system.sample_seconds": 0.001,
+        "federation.system.compute_spread": 1.0,
+        "federation.system.deadline": 0.05,
+        "federation.system.late": "partial",
+        "federation.system.dropout": 0.3,
+    }
+    (sequential_run, ray_run) = (
+        run_experiment(matrix_config(tmp_path / e, "fedavg", e, **keys))[0] for e in ("sequential", "ray")
+    )
+    for name in ("metrics.csv", "clients.csv", "tables/unseen_clients.csv", "tables/system_clients.csv"):
+        assert rows(ray_run / name) == rows(sequential_run / name), name
+    assert any(row["status"] == "partial" for row in rows(ray_run / "tables/system_clients.csv"))
+
+
 class DiesOnce(ClientWorker):
     """Exits its process the first time any actor is asked to train client 2 (marked in the FAULTS folder)."""
 
