@@ -215,6 +215,18 @@ def short_keys(keys: list[str]) -> dict[str, str]:
     return {k: end if ends.count(end) == 1 else k for k, end in zip(keys, ends)}
 
 
+def value_texts(values: list[Any]) -> list[str]:
+    """Each of ``values`` (config values of one key) as text, floats to the fewest significant digits, at least
+    3, that keep different values apart (a sampled ``lr=0.0031622776601683794`` reads ``lr=0.00316``)."""
+    floats = sorted({v for v in values if isinstance(v, float)})
+    texts: dict[float, str] = {}
+    for digits in range(3, 18):
+        texts = {v: f"{v:.{digits}g}" for v in floats}
+        if len(set(texts.values())) == len(floats):
+            break
+    return [texts[v] if isinstance(v, float) else str(v) for v in values]
+
+
 def row_names(records: list[RunRecord]) -> dict[Path, str]:
     """Each run's row: its method, and, where the method's runs on one data set differ in a key that
     makes another experiment (not in :data:`SAME_EXPERIMENT`), those keys' values: ``fedala (s=80, p=2)``."""
@@ -231,8 +243,9 @@ def row_names(records: list[RunRecord]) -> dict[Path, str]:
             )
         ]
         short = short_keys(varying)
-        for r in runs:
-            settings = ", ".join(f"{short[k]}={r.config.get(k)}" for k in varying)
+        texts = {k: value_texts([r.config.get(k) for r in runs]) for k in varying}
+        for i, r in enumerate(runs):
+            settings = ", ".join(f"{short[k]}={texts[k][i]}" for k in varying)
             names[r.run_dir] = f"{method} ({settings})" if settings else method
     return names
 

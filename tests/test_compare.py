@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from plfl.cli import main
-from plfl.compare import comparison_table, find_runs, read_run
+from plfl.compare import comparison_table, find_runs, read_run, value_texts
 from plfl.errors import PlflError
 
 
@@ -225,3 +225,12 @@ def test_hub_data_and_flower_partitions_are_named_by_their_id_and_partitioner():
     flower = {"partitioner": "DirichletPartitioner", "partitioner_args": {"alpha": 0.5, "partition_by": "label"}}
     name = dataset_name(OmegaConf.create({"data": {**data, **flower}}))
     assert name == "hf:uoft-cs/cifar100 DirichletPartitioner(alpha=0.5, partition_by=label), 20 clients"
+
+
+def test_sampled_values_are_rounded_to_the_digits_that_keep_them_apart(tmp_path):
+    assert value_texts([0.0031622776601683794, 0.01, 20, "adam"]) == ["0.00316", "0.01", "20", "adam"]
+    assert value_texts([0.123456, 0.123457]) == ["0.123456", "0.123457"]
+    for i, lr in enumerate((0.0031622776601683794, 0.0031622776601683795 + 1e-9)):
+        fake_run(tmp_path / f"r{i}", "fedavg", "digits", 0, 0.5, keys={"federation": {"lr": lr}})
+    accuracy = comparison_table([read_run(d) for d in find_runs([tmp_path])]).split("\n\n")[0].splitlines()
+    assert [line.split(" | ")[0] for line in accuracy[2:]] == ["| fedavg (lr=0.003162278)", "| fedavg (lr=0.003162279)"]

@@ -555,3 +555,16 @@ def test_twenty_run_report_renders_readably_in_headless_chromium(sweep_root, tmp
     assert [f["hidden"] for f in after] == [[SWEEP_LABELS[7]]] * 7
     # Rounds 0-20 with half a round of room at both ends: the one-round run is not drawn onto the axis.
     assert all(f["xrange"] == [-0.5, 20.5] for f in before if f["title"] != TITLES[1])
+
+
+def test_runs_on_two_data_sets_get_an_accuracy_axis_each(digits_config):
+    from plfl.experiment import run_experiment
+
+    dirs = [
+        run_experiment(digits_config(name=f"n{n}", **{"data.num_clients": n, "federation.rounds": 1}))[0]
+        for n in (4, 5)
+    ]
+    runs = load_runs(dirs)
+    figure = accuracy_figure(runs)
+    assert [a.text for a in figure.layout.annotations] == ["digits Dir(0.5), 4 clients", "digits Dir(0.5), 5 clients"]
+    assert [trace.yaxis for trace in figure.data] == ["y", "y2"]

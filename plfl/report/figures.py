@@ -99,11 +99,15 @@ def _positive(rounds: list[int], values: list[float]) -> tuple[list[int], list[f
 
 
 def accuracy_figure(runs: list[ReportRun]) -> go.Figure:
-    """Test accuracy (metrics.csv ``accuracy``: correct / samples over all clients) per round, one line per run."""
-    fig = go.Figure()
+    """Test accuracy (metrics.csv ``accuracy``: correct / samples over all clients) per round, one line per run;
+    runs on several data sets get a panel, and an accuracy axis, per data set."""
+    datasets = list(dict.fromkeys(run.dataset for run in runs))
+    fig = make_subplots(rows=1, cols=len(datasets), subplot_titles=datasets if len(datasets) > 1 else None)
     for run in runs:
         rounds, acc = run.series("accuracy")
-        fig.add_trace(_line(runs, run, rounds, [100 * a for a in acc], hover=PERCENT))
+        fig.add_trace(
+            _line(runs, run, rounds, [100 * a for a in acc], hover=PERCENT), row=1, col=datasets.index(run.dataset) + 1
+        )
     return _layout(fig, "Test accuracy per round", "accuracy (%)")
 
 

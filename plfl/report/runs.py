@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
-from plfl.compare import dataset_name, short_keys
+from plfl.compare import dataset_name, short_keys, value_texts
 from plfl.config import dotted_items
 from plfl.errors import PlflError
 from plfl.metrics import tail_means
@@ -154,11 +154,12 @@ def label_runs(runs: list[ReportRun], most_keys: int = 3) -> None:
         first, shared = group[0].config, set.intersection(*(set(r.config) for r in group))
         differing = [k for k in first if k in shared and any(r.config[k] != first[k] for r in group)]
         short = short_keys(differing)
-        for run in group:
+        texts = {k: value_texts([r.config[k] for r in group]) for k in differing}
+        for i, run in enumerate(group):
             if len(group) == 1:
                 run.label = run.name
             elif differing and len(differing) <= most_keys:
-                run.label = f"{run.name}: " + ", ".join(f"{short[k]}={run.config[k]}" for k in differing)
+                run.label = f"{run.name}: " + ", ".join(f"{short[k]}={texts[k][i]}" for k in differing)
             else:
                 run.label = f"{run.name}: {run.run_dir.name}"
             if run.status != "completed":
