@@ -51,7 +51,17 @@ from plfl.seeding import clients_per_round, derive_seed, global_rng_state, sampl
 from plfl.state import Params
 from plfl.stopping import Stopped, deferred
 from plfl.system import SystemSimulation
-from plfl.tasks import ClientFailure, EvalTask, TrainResult, TrainTask, Work, finite_or_failure, non_finite, resolved
+from plfl.tasks import (
+    ClientFailure,
+    EvalResult,
+    EvalTask,
+    TrainResult,
+    TrainTask,
+    Work,
+    finite_or_failure,
+    non_finite,
+    resolved,
+)
 
 CHECKPOINT_FORMAT = 2
 
@@ -334,14 +344,7 @@ class FederationLoop:
             self.best = (metrics["accuracy"], round_)
         rows = []
         for i, r in results.items():
-            row = {
-                "round": round_,
-                "client": i,
-                "num_test": r.total,
-                "correct": r.correct,
-                "accuracy": r.accuracy,
-                "test_loss": r.loss,
-            }
+            row = client_result_row(round_, i, r)
             if validated:
                 v = val_results[i]
                 row.update(num_val=v.total, val_correct=v.correct, val_accuracy=v.accuracy, val_loss=v.loss)
@@ -371,17 +374,7 @@ class FederationLoop:
                 )
         results = dict(zip(ids, self.executor.evaluate([EvalTask(i, m) for i, m in zip(ids, models)])))
         metrics = federation_metrics(results, {i: c.num_samples for i, c in zip(ids, self.unseen)})
-        rows = [
-            {
-                "round": round_,
-                "client": i,
-                "num_test": r.total,
-                "correct": r.correct,
-                "accuracy": r.accuracy,
-                "test_loss": r.loss,
-            }
-            for i, r in results.items()
-        ]
+        rows = [client_result_row(round_, i, r) for i, r in results.items()]
         return {f"unseen_{key}": value for key, value in metrics.items()}, rows
 
     def _join(self, client_id: int, model: Params, round_: int) -> Work[Params]:
@@ -499,3 +492,15 @@ class FederationLoop:
         """Call ``hook`` of every callback with the run and ``args``."""
         for callback in self.callbacks:
             getattr(callback, hook)(self.run_info, *args)
+
+
+def client_result_row(round_: int, client_id: int, result: EvalResult) -> dict[str, Any]:
+    """A client's test result as a clients.csv (or unseen_clients.csv) row."""
+    return {
+        "round": round_,
+        "client": client_id,
+        "num_test": result.total,
+        "correct": result.correct,
+        "accuracy": result.accuracy,
+        "test_loss": result.loss,
+    }
