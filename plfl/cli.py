@@ -182,6 +182,18 @@ def fit(args: argparse.Namespace) -> None:
             f"{headline} {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
             f"{summary['seconds_per_round']:.2f} s per round"
         )
+        if summary.get("final_unseen_accuracy") is not None:  # federation.unseen_clients
+            print(
+                f"Unseen clients ({summary['num_unseen_clients']}) at the final round "
+                f"{100 * summary['final_unseen_accuracy']:.2f} %, participation gap "
+                f"{100 * summary['final_participation_gap']:+.2f} points"
+            )
+        if summary.get("simulated_seconds_per_round") is not None:  # federation.system
+            print(
+                f"Simulated {summary['simulated_seconds_per_round']:.2f} s per round; client-rounds dropped out "
+                f"{summary['dropped_clients']}, late {summary['late_clients']}, cut to partial work "
+                f"{summary['partial_clients']}"
+            )
         print(disk_use_line(run_dir))
         print(f"Run directory: {run_dir}")
         run_dirs.append(run_dir)

@@ -24,6 +24,8 @@ from plfl.report.page import runs_table
 from plfl.seeding import unseen_clients
 from plfl.tasks import EvalResult
 
+from conftest import ROOT
+
 UNSEEN = {"federation.unseen_clients": 2, "federation.rounds": 2}
 
 
@@ -181,3 +183,20 @@ def test_the_report_draws_unseen_against_participating_clients_and_tabulates_the
     assert '<th title="federation.unseen_clients, at the final round">unseen accuracy (%)</th>' in table
     assert f'<td class="num">{100 * summary["final_participation_gap"]:.2f}</td>' in table
     assert "simulated s / round" in table
+
+
+def test_fit_prints_the_unseen_clients_and_the_simulated_time(tmp_path, capsys):
+    from plfl.cli import main
+
+    main([
+        "fit", "--config", str(ROOT / "configs" / "quickstart.yaml"), f"output_dir={tmp_path}", "progress_bar=false",
+        "federation.rounds=1", "data.num_clients=5", "federation.unseen_clients=1",
+        "federation.system.sample_seconds=0.001", "federation.system.dropout=0.5",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
+    assert (
+        f"Unseen clients (1) at the final round {100 * summary['final_unseen_accuracy']:.2f} %, participation gap "
+        f"{100 * summary['final_participation_gap']:+.2f} points"
+    ) in out
+    assert f"Simulated {summary['simulated_seconds_per_round']:.2f} s per round; client-rounds dropped out " in out
