@@ -75,3 +75,15 @@ def test_pfedhn_runs_end_to_end(digits_config):
     last = last_metrics(run_dir)
     assert float(last["accuracy"]) > 0.3  # 10 classes: chance is 0.1
     assert float(last["bytes_sent"]) == float(last["bytes_received"])  # θ_i down, Δθ_i up: one model each
+
+
+def test_a_new_client_gets_the_model_of_the_mean_embedding(tiny_federation):
+    method, _ = make_method(tiny_federation)
+    with torch.no_grad():
+        method.hypernetwork.embeddings.weight.normal_()
+    new = method.new_client_model(0)
+    mean = method.hypernetwork.embeddings.weight.mean(0)
+    expected = method.hypernetwork.generate(mean)
+    assert set(new) == set(method.global_params)
+    assert all(torch.allclose(new[k], expected[k]) for k in expected)
+    assert not torch.allclose(new["head.weight"], method.server_message(0, 0)["head.weight"])

@@ -98,7 +98,11 @@ class HyperNetwork(nn.Module):
 
     def forward(self, client_id: int) -> Params:
         """θ_i: name → tensor of its shape."""
-        flat = self.head(self.mlp(self.embeddings.weight[client_id]))
+        return self.generate(self.embeddings.weight[client_id])
+
+    def generate(self, embedding: torch.Tensor) -> Params:
+        """h(v; φ) for an embedding v of shape (embedding_dim,): name → tensor of its shape."""
+        flat = self.head(self.mlp(embedding))
         pieces = flat.split([shape.numel() for shape in self.shapes.values()])
         return {name: piece.view(shape) for (name, shape), piece in zip(self.shapes.items(), pieces)}
 
@@ -133,6 +137,13 @@ class PFedHN(Method):
         """θ_i = h(v_i; φ), the model's parameters."""
         with torch.no_grad():
             return self.hypernetwork(client_id)
+
+    def new_client_model(self, round_: int) -> Params:
+        """h(v̄; φ) over the initial buffers, v̄ the mean of the clients' embeddings: the hypernetwork's model for
+        an embedding it was not trained on (the paper's novel clients then tune their embedding with φ frozen,
+        Sec. 5; here ``eval.finetune_epochs`` fine-tunes the model itself)."""
+        with torch.no_grad():
+            return {**self.global_params, **self.hypernetwork.generate(self.hypernetwork.embeddings.weight.mean(0))}
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Params:
         """θ_i over the client's buffers (the initial model's before its first training)."""
