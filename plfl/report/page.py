@@ -18,6 +18,8 @@ table { border-collapse: collapse; font-size: 0.9em; margin-bottom: 1.5em; }
 th, td { border-bottom: 1px solid #ddd; padding: 0.3em 0.7em; text-align: left; }
 td.num { text-align: right; }
 td.run { white-space: nowrap; }
+td code { word-break: break-all; }  /* long run directories wrap: the table fits the page */
+.table { overflow-x: auto; }
 .figure { margin-bottom: 2em; }
 """
 
@@ -165,7 +167,7 @@ data.val_fraction); best accuracy picks the round on the test data and is optimi
 and each run's method, data set, seed and directory; drag to zoom. A click on a run's legend entry hides or
 shows it in every figure; a double-click shows it alone.</p>
 {"".join(suite_table(suite) for suite in suites)}
-{runs_table(runs)}
+<div class="table">{runs_table(runs)}</div>
 {divs}
 <script type="text/javascript">{SYNC_LEGENDS}</script>
 </body>
