@@ -44,19 +44,20 @@ class TableLines:
 
 @dataclass(frozen=True)
 class Heatmaps:
-    """Per run, the last round of ``tables/<table>.csv``: a heatmap per value of ``facet``, a row per value of
-    ``row`` and a column per column named ``prefix`` + j (j = 0, 1, ...), titled ``title`` (``{run}`` and
-    ``{round}`` filled in); a row whose boolean ``marked`` column is true says ``marks[1]`` in its hover text,
-    else ``marks[0]``."""
+    """Per run, the last round of ``tables/<table>.csv``: a heatmap per value of ``facet`` (None: one), a row per
+    value of ``row`` and a column per column named ``prefix`` + j (j = 0, 1, ...; ``column`` names what j indexes,
+    by default ``row``), titled ``title`` (``{run}`` and ``{round}`` filled in); a row whose boolean ``marked``
+    column is true says ``marks[1]`` in its hover text, else ``marks[0]``."""
 
     title: str
     table: str
-    facet: str
+    facet: Optional[str]
     row: str
     prefix: str
     value: str
     marked: Optional[str] = None
     marks: tuple[str, str] = ("", "")
+    column: str = ""
 
 
 Plot = Union[Panels, TableLines, Heatmaps]

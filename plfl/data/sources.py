@@ -63,6 +63,14 @@ class DataSource(Component):
         "is the round of best validation accuracy. 0: none",
     )
 
+    rotation_groups: int = checked(
+        1,
+        lambda v: v >= 1,
+        "an integer >= 1",
+        "images: k groups of clients, client i in group i mod k, whose images (train, validation and test) are "
+        "rotated by i mod k · 360°/k, as IFCA's rotated MNIST plants k clusters (1: none)",
+    )
+
     def read(self) -> Union[Pool, FederatedData]:
         """A pooled source's :data:`Pool`, or the clients its files define.
 

@@ -334,17 +334,17 @@ def heatmaps_figure(run: ReportRun, spec: Heatmaps) -> Optional[go.Figure]:
     if last is None:
         return None
     rows = [r for r in run.tables[spec.table] if r["round"] == last]
-    facets = list(dict.fromkeys(r[spec.facet] for r in rows))
+    facets = list(dict.fromkeys(r[spec.facet] for r in rows)) if spec.facet else [None]
     keys = sorted({r[spec.row] for r in rows})
     prefix = spec.prefix
     numbered = {int(k[len(prefix) :]): k for k in rows[0] if k.startswith(prefix) and k[len(prefix) :].isdigit()}
     columns = [numbered[j] for j in sorted(numbered)]
-    fig = make_subplots(
-        rows=1, cols=len(facets), subplot_titles=[f"{spec.facet} {f}" for f in facets], horizontal_spacing=0.06
-    )
+    titles = [f"{spec.facet} {f}" for f in facets] if spec.facet else None
+    fig = make_subplots(rows=1, cols=len(facets), subplot_titles=titles, horizontal_spacing=0.06)
+    column = spec.column or spec.row
     top = max(r[c] for r in rows for c in columns)
     for col, facet in enumerate(facets, start=1):
-        by_row = {r[spec.row]: r for r in rows if r[spec.facet] == facet}
+        by_row = {r[spec.row]: r for r in rows if facet is None or r[spec.facet] == facet}
         z = [[by_row[i][c] for c in columns] for i in keys]
         marks = [[spec.marks[bool(spec.marked and by_row[i].get(spec.marked))]] * len(columns) for i in keys]
         fig.add_trace(
@@ -358,13 +358,13 @@ def heatmaps_figure(run: ReportRun, spec: Heatmaps) -> Optional[go.Figure]:
                 colorscale="Viridis",
                 showscale=col == 1,
                 colorbar=dict(title=spec.value),
-                hovertemplate=f"{spec.row} i=%{{y}}, j=%{{x}}: {spec.value}=%{{z:.3f}} (%{{customdata}})"
+                hovertemplate=f"{spec.row} i=%{{y}}, {column} j=%{{x}}: {spec.value}=%{{z:.3f}} (%{{customdata}})"
                 "<extra></extra>",
             ),
             row=1,
             col=col,
         )
-        fig.update_xaxes(title_text=f"{spec.row} j", dtick=1, row=1, col=col)
+        fig.update_xaxes(title_text=f"{column} j", dtick=1, row=1, col=col)
         fig.update_yaxes(title_text=f"{spec.row} i" if col == 1 else "", dtick=1, autorange="reversed", row=1, col=col)
     fig.update_layout(
         title=spec.title.format(run=run.label, round=last),
