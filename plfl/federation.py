@@ -166,7 +166,8 @@ class FederationLoop:
     def _train_and_aggregate(self, round_: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
         """Local training of the sampled clients, then the server's aggregation of those that succeeded (with a
         system simulation: those that did not drop out and arrived by the deadline). Returns the round's metrics
-        and, with a system simulation, a row per sampled client: its ``status`` (dropped, late, partial or full),
+        and, with a system simulation, a row per sampled client: its ``status`` (dropped, late, failed, partial or
+        full),
         the training ``samples`` it processed and its simulated ``arrival`` (seconds after the broadcast)."""
         method, store, system = self.method, self.context.store, self.system
         activity.start_phase("training")
@@ -186,6 +187,7 @@ class FederationLoop:
             result = outcome if isinstance(outcome, ClientFailure) else finite_or_failure(outcome)
             if isinstance(result, ClientFailure):
                 failed.append({"round": round_, "client": client_id, "reason": result.reason})
+                timeline.append({"round": round_, "client": client_id, "status": "failed", "samples": 0})
                 continue
             store.set(client_id, "model", result.params)
             message = method.client_message(client_id, result, round_)
