@@ -78,7 +78,7 @@ class IFCA(Method):
         return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def cluster_model(self, models: Params, cluster: int) -> Params:
-        """Cluster ``cluster``'s model from stacked ``models`` (name → (k, *shape))."""
+        """Cluster ``cluster``'s model from stacked ``models``: name → ``(k, *shape)``."""
         return {k: v[cluster].clone() for k, v in models.items()}
 
     def server_message(self, client_id: int, round_: int) -> Params:
