@@ -11,7 +11,8 @@ initial model), drawn from the run's seed.
 A client's evaluated (personalized) model is its cluster's model, estimated at every broadcast, so every
 client, sampled or not, is scored on the cluster it would join. ``tables/cluster_assignments.csv`` records each
 client's cluster every round. A client that never took part cannot be given a cluster without its data, so IFCA
-has no model for unseen clients (``federation.unseen_clients``).
+has no model for unseen clients (``federation.unseen_clients``). Its local initialisation is the cluster
+estimation, so it takes no ``method.ala``.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any, Optional
 import torch
 
 from plfl.fields import checked
-from plfl.methods.base import FederationContext, Method
-from plfl.methods.fedavg import FedAvgConfig, weighted_average
+from plfl.methods.base import FederationContext, Method, MethodConfig
+from plfl.methods.fedavg import weighted_average
 from plfl.plots import Heatmaps
 from plfl.seeding import derive_seed
 from plfl.state import Params
@@ -34,7 +35,7 @@ CLUSTER = "ifca/cluster"  # the uploaded cluster index, a 0-dim int64 tensor (al
 
 
 @dataclass
-class IFCAConfig(FedAvgConfig):
+class IFCAConfig(MethodConfig):
     """IFCA's keys (Ghosh et al., NeurIPS 2020)."""
 
     clusters: int = checked(2, lambda v: v >= 1, "an integer >= 1", "k: the cluster models the server keeps")
