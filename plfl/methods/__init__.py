@@ -26,7 +26,7 @@ from plfl import fields
 from plfl.errors import ConfigError
 
 # Modules of this package that are not methods but parts that methods share.
-BUILDING_BLOCKS = frozenset({"base", "ala", "partial", "hypernetwork", "prototypes"})
+BUILDING_BLOCKS = frozenset({"base", "ala", "partial", "hypernetwork", "prototypes", "clusters"})
 
 
 def method_names() -> tuple[str, ...]:

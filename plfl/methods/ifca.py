@@ -25,8 +25,8 @@ import torch
 
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig
+from plfl.methods.clusters import ASSIGNMENTS_HEATMAP, assignments_table
 from plfl.methods.fedavg import weighted_average
-from plfl.plots import Heatmaps
 from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import EvalTask, TrainResult, Work
@@ -51,17 +51,7 @@ class IFCA(Method):
     config_class = IFCAConfig
     server_state = ("global_params", "models")
     matrix_options = {"method.clusters": 3}
-    figures = (
-        Heatmaps(
-            "Cluster assignments of {run}, round {round}",
-            "cluster_assignments",
-            facet=None,
-            row="client",
-            prefix="c",
-            value="assigned",
-            column="cluster",
-        ),
-    )
+    figures = (ASSIGNMENTS_HEATMAP,)
 
     def __init__(self, config: IFCAConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
@@ -121,12 +111,7 @@ class IFCA(Method):
 
     def round_tables(self, round_: int) -> dict[str, list[dict[str, Any]]]:
         """``cluster_assignments``: one row per client, ``cluster`` and a 0/1 column ``c<j>`` per cluster."""
-        return {
-            "cluster_assignments": [
-                {"client": i, "cluster": j, **{f"c{c}": int(c == j) for c in range(self.config.clusters)}}
-                for i, j in enumerate(self.assignments())
-            ]
-        }
+        return assignments_table(self.assignments(), self.config.clusters)
 
     def assignments(self) -> list[int]:
         """Every client's cluster, estimated at the last broadcast."""
