@@ -122,6 +122,7 @@ def test_a_split_cluster_moves_each_half_by_its_own_updates(tiny_federation):
     method.aggregate(messages, 2)  # 2 clients each: below min_cluster_size 3, no further split
     assert method.clusters == [[0, 2], [1, 3]]
     assert set(method.state_dict()) == {"models", "clusters"}
+    assert method.new_client_model(2) is None  # a new client has no cluster: unseen clients are refused
 
 
 def test_a_cluster_is_not_split_when_the_gamma_criterion_fails_or_a_client_did_not_upload(tiny_federation):
