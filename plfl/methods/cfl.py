@@ -84,7 +84,7 @@ class CFLConfig(MethodConfig):
         1.6,
         lambda v: v >= 0,
         "a number >= 0",
-        "ε2: ... and when some client's update norm is above this (a client the cluster's model does not fit)",
+        "ε2: a cluster may split only when some client's update norm is above this (a client its model does not fit)",
     )
     gamma_max: float = checked(
         0.0,
@@ -192,8 +192,8 @@ class CFL(Method):
         return next(c for c, members in enumerate(self.clusters) if client_id in members)
 
     def cluster_model(self, cluster: int) -> Params:
-        """Cluster ``cluster``'s model θ_c (views into the stacked models, which are never modified in place)."""
-        return {k: v[cluster] for k, v in self.models.items()}
+        """Cluster ``cluster``'s model θ_c: copies, not views that would carry every cluster's storage along."""
+        return {k: v[cluster].clone() for k, v in self.models.items()}
 
     def server_message(self, client_id: int, round_: int) -> Params:
         """The model of the client's cluster."""
