@@ -37,11 +37,13 @@ trained). ``tables/cluster_assignments.csv`` records every client's cluster each
 writes, :mod:`plfl.methods.clusters`); ``tables/cluster_updates.csv`` each cluster's update norms, the cross
 similarity of its bipartition when it was tested and whether it split; the metric ``clusters`` counts the clusters.
 
-Departures: the norms and similarities are over the model's parameters (``named_parameters``, as the authors' code
-flattens them), not its buffers; the clusters' updates move every floating-point tensor. The paper's mean update in
-the ε1 test and the aggregation are sample-size weighted (the authors' code: plain means). A split cluster keeps its
-index for the half holding its lowest client id and the other half takes the next free index; the authors' code
-maps a split's halves back to client ids only for the first cluster (a bug for later splits), not here. A cluster
+Departures from the paper or its code: the norms and similarities are over the model's parameters
+(``named_parameters``, as the authors' code flattens them), not its buffers; the clusters' updates move every
+floating-point tensor. The mean update of the ε1 test and the aggregation are sample-size weighted, as the paper's
+(the authors' code: plain means). The code decays each client's learning rate by 0.99 a round; plfl keeps
+``federation.lr``. A split cluster keeps its index for the half holding its lowest client id and the other half takes
+the next free index; the authors' code takes a split's positions within the cluster for client ids, which is right
+only for the first split. A cluster
 is tested for a split only in a round in which all its clients uploaded (``federation.join_ratio`` < 1 or dropped
 clients postpone it): the bipartition needs every client's update. The paper places a new client by descending the
 tree of splits with its update; plfl has no model for a client that never took part (``federation.unseen_clients``
