@@ -216,6 +216,11 @@ METHODS = {
             ),
         ),
     ),
+    "feddbe": Pairing(
+        "FedDBE",
+        (Flag("momentum", "method.mu"), Flag("kl_weight", "method.kappa")),
+        note="PFLlib's loader drops each client's last incomplete batch, in the initialization period too",
+    ),
     "fedphp": Pairing(
         "FedPHP",
         (Flag("mu", "method.mu"), Flag("lamda", "method.lam")),
