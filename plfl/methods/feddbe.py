@@ -13,10 +13,11 @@ The model is a body (the feature extractor, ``body.*``, features z^g = f(x) of F
   κ · mean_k ½ (z̄^g_{i,k} − z̄^g_k)² to the cross-entropy (:func:`mean_regularization`, κ = ``method.kappa``),
   z̄^g the consensus global mean of the features.
 
-The consensus is formed once, in an initialization period before the first round (the paper's Algorithm 1,
-PFLlib's serverdbe.py): at the broadcast of round 0 every client trains a copy of the initial model for
-``federation.local_epochs`` epochs on the cross-entropy alone, without PRBM and MR, tracking z̄^g_i as above
-(``pre_local_init``, stream "initialization"); it uploads its final z̄^g_i, keeps the received initial model (the
+The consensus is formed once, in an initialization period before the first round, as PFLlib's serverdbe.py and
+the authors' own code (TsingZ0/DBE, whose client and server are PFLlib's line for line) form it: at the
+broadcast of round 0 every client trains a copy of the initial model for ``federation.local_epochs`` epochs on
+the cross-entropy alone, without PRBM and MR, tracking z̄^g_i as above (``pre_local_init``, stream
+"initialization"); it uploads its final z̄^g_i, keeps the received initial model (the
 trained copy is discarded) and the server sets z̄^g = Σ_i n_i z̄^g_i / Σ_i n_i over all clients (n_i their
 training samples) and sends it to every client (:meth:`FedDBE.round_metrics` of round 0, the server's hook
 after that broadcast). Round 0's ``params_sent``/``bytes_sent`` add the N sent means to the broadcast, and its
