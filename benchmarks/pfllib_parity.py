@@ -228,6 +228,12 @@ METHODS = {
         "client's model after its local training, so its round r is plfl's round r + 1",
         round_offset=1,
     ),
+    "fedas": Pairing(
+        "FedAS",
+        note="PFLlib's alignment (one epoch, batches of 16, SGD at 0.01) is fixed: method.align_epochs, "
+        "method.align_batch_size, method.align_lr; its prototypes, alignment and Fisher pass leave out each "
+        "client's last incomplete batch",
+    ),
 }
 
 
