@@ -12,21 +12,21 @@ last linear layer), which never leaves its client. Round t, as PFLlib's clientas
    :func:`class_sums`). The received θ^t is then trained for ``method.align_epochs`` epochs of plain SGD at
    ``method.align_lr``, in shuffled batches of ``method.align_batch_size`` (stream "alignment"), on
 
-       L_align(θ; B) = Σ_{c ∈ B} 1/(|B_c| F) Σ_{x ∈ B_c} ‖f(x; θ) − p_c‖²                (:func:`alignment_loss`)
+       L_align(θ; B) = Σ_{c ∈ B} 1/(n_c F) Σ_{x ∈ B_c} ‖f(x; θ) − p_c‖²                  (:func:`alignment_loss`)
 
-   B_c the batch's samples of class c, F the feature size (one ``MSELoss`` per class in the batch, summed), so
+   B_c the batch's n_c samples of class c, F the feature size (one ``MSELoss`` per class in the batch, summed), so
    that the shared parameters take in the client's local knowledge before they replace its own body
    (:class:`AlignmentStep`). The aligned body under the client's own head is the model it trains.
 3. Local training: the whole model (aligned body and own head) for ``federation.local_epochs`` epochs of SGD on
    the cross-entropy (the default training task, stream "local_training").
 4. Fisher information: the trained model's empirical Fisher information, reduced to its trace,
 
-       I_i = Σ_B ‖∇_w ℓ(w; B)‖²,   ℓ(w; B) = −1/|B| Σ_{(x, y) ∈ B} log softmax(h(f(x)))_y     (:class:`FisherStep`)
+       I_i = Σ_B ‖∇_w ℓ(w; B)‖²,   ℓ(w; B) = −1/n_B Σ_{(x, y) ∈ B} log softmax(h(f(x)))_y     (:class:`FisherStep`)
 
-   over one shuffled pass of the client's training split in batches of ``federation.batch_size`` (stream
-   "fisher"), w every parameter of the model (body and head), ℓ the batch-mean negative log-likelihood. The
-   client uploads its trained body and I_i (``fedas/fisher``, one number); the Fisher trace travels with the
-   body and counts in ``params_received``/``bytes_received``.
+   over one shuffled pass of the client's training split in batches B of ``federation.batch_size`` (stream
+   "fisher"), w every parameter of the model (body and head), ℓ the mean negative log-likelihood of B's n_B
+   samples. The client uploads its trained body and I_i (``fedas/fisher``, one number); the Fisher trace travels
+   with the body and counts in ``params_received``/``bytes_received``.
 5. Client synchronization (``aggregate``): θ^{t+1} = Σ_i (I_i / Σ_j I_j) θ_i over the clients that uploaded:
    a client whose model has taken in little of its data (a straggler's under-trained model) has a small
    Fisher trace and weighs little.
@@ -35,21 +35,22 @@ Evaluated is each client's own model (its trained model, or the initial one befo
 PFLlib evaluates before its broadcast; the global body is not evaluated alone. A new client (unseen clients)
 takes the global body under the initial head. No ``method.ala``: the alignment is the local initialisation.
 
-Departures from the paper, as PFLlib's code (commit d832e76) runs it: the personal part is the last linear
-layer alone; the alignment is one epoch of SGD at 0.01 in batches of 16 (fixed in PFLlib); the Fisher trace
-sums the squared gradients of batch-mean losses (not of per-sample log-likelihoods, so it grows with the number
-of batches and shrinks with their size), over all parameters, personal head included; the weights are the plain
-normalised traces, with no sample-size factor. Departures from PFLlib: PFLlib uploads the whole model and its
-server averages the heads too, a global head it never sends back into use: plfl uploads the body and the trace
-only. PFLlib's non-sampled clients also compute a Fisher trace, which nothing uses: plfl's do not. PFLlib
-computes the prototypes, aligns and takes the Fisher pass on shuffled batches that drop each client's last
-incomplete batch; plfl's prototypes take every training sample, and the alignment and Fisher batches drop a
-short last batch only under ``federation.drop_last``. PFLlib runs the alignment and the Fisher pass in eval mode
-(BatchNorm, if any, by its running statistics); plfl's steps run the model in training mode (BatchNorm by the
-batch's statistics; the alignment keeps the running statistics it updates, the Fisher pass none). A round whose
-uploaders all have a zero Fisher trace, which PFLlib turns into NaN, averages the bodies by training samples
-instead (with a warning). The alignment and Fisher batches are not augmented (``data.augment`` applies to the
-local training).
+Departures. plfl follows PFLlib's code (commit d832e76) where it fixes what the paper describes in words: the
+personal part is the last linear layer alone; the alignment is one epoch of SGD at 0.01 in batches of 16 (fixed in
+PFLlib, plfl's defaults); the Fisher information is its trace, and that trace sums the squared gradients of
+batch-mean losses (the empirical Fisher information sums per-sample squared gradients, divided by the samples), so
+it grows with the number of batches and falls with their size; it is taken over all parameters, the personal head
+included, of the trained model; the weights are the normalised traces, with no sample-size factor. Departures from
+PFLlib: PFLlib uploads the whole model and its server averages the heads too, into a global head it never sends
+back into use: plfl uploads the body and the trace only. PFLlib's non-sampled clients also compute a Fisher trace,
+which nothing uses: plfl's do not. PFLlib computes the prototypes, aligns and takes the Fisher pass on shuffled
+batches that drop each client's last incomplete batch; plfl's prototypes take every training sample, and the
+alignment and Fisher batches drop a short last batch only under ``federation.drop_last``. PFLlib runs these
+passes with the model in eval mode after a client's first round (BatchNorm, if any, by its running statistics);
+plfl's steps run the model in training mode (BatchNorm by the batch's statistics; the alignment keeps the running
+statistics it updates, the Fisher pass none). A round whose uploaders all have a zero Fisher trace, which PFLlib
+turns into NaN, averages the bodies by training samples instead (with a warning). The alignment and Fisher batches
+are not augmented (``data.augment`` applies to the local training).
 """
 
 from __future__ import annotations
