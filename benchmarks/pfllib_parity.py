@@ -221,6 +221,12 @@ METHODS = {
         (Flag("momentum", "method.mu"), Flag("kl_weight", "method.kappa")),
         note="PFLlib's loader drops each client's last incomplete batch, in the initialization period too",
     ),
+    "fedcp": Pairing(
+        "FedCP",
+        (Flag("lamda", "method.lam"),),
+        note="PFLlib's Gumbel-softmax τ (1) is fixed: method.tau; PFLlib draws the policy's Gumbel noise at its "
+        "test too: method.evaluation=gumbel",
+    ),
     "fedphp": Pairing(
         "FedPHP",
         (Flag("mu", "method.mu"), Flag("lamda", "method.lam")),

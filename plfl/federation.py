@@ -321,9 +321,10 @@ class FederationLoop:
         results, val_results = {}, {}
         for group in self._groups():
             models = [self.context.store.get(i, "model") for i in group]
-            tasks = [EvalTask(i, m) for i, m in zip(group, models)]
+            forward = self.method.prediction()
+            tasks = [EvalTask(i, m, forward=forward) for i, m in zip(group, models)]
             if validated:
-                tasks += [EvalTask(i, m, split="val") for i, m in zip(group, models)]
+                tasks += [EvalTask(i, m, split="val", forward=forward) for i, m in zip(group, models)]
             evaluated = self.executor.evaluate(tasks)
             results.update(zip(group, evaluated[: len(group)]))
             val_results.update(zip(group, evaluated[len(group) :]))

@@ -13,7 +13,8 @@ worker) runs it the same way. Four kinds:
 - :class:`FeatureTask`: the outputs of a submodule (the body's features) on some of a client's training
   samples, e.g. for a step that trains the head on fixed features (ALA) or for class prototypes;
 - :class:`EvalTask`: accuracy and loss of a model on a client's test or validation split, or on part
-  of its training split.
+  of its training split; by the architecture's forward pass, or by a method's :class:`Forward` where a
+  client's prediction is not the architecture's own (FedCP's policy-split heads).
 
 A hook that needs client work is a generator: ``result = yield task`` (or ``results = yield [task,
 ...]``) hands tasks to the loop and receives their results (:data:`Work`).
@@ -201,11 +202,30 @@ class FeatureTask:
     module: str = "body"
 
 
+class Forward:
+    """A method's prediction from a client's model where it is not the architecture's forward pass, a pure
+    function of tensors evaluated without gradients (FedCP's: two heads on a per-sample split of the features).
+
+    ``__call__(network, params, x, rows)`` returns the logits (W, classes) of the W samples x ``(W, *input_shape)``
+    from the model's tensors ``params`` (the architecture's state_dict names and the method's own), ``rows`` (W,)
+    int64 the samples' indices in the evaluated split (keys for draws that must not depend on how the executor
+    batches the samples). ``network`` runs the architecture's submodules in evaluation mode (BatchNorm's running
+    statistics). Like a :class:`Step`, only ``torch.func``-transformable operations (the vectorized executor runs
+    it under ``vmap`` over a cohort, padded rows included, whose logits do not count); subclasses are frozen
+    dataclasses defined at a module's top level.
+    """
+
+    work: ClassVar[str] = "a method's prediction"
+
+    def __call__(self, network: Network, params: Params, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, eq=False)
 class EvalTask:
     """Evaluation of ``params`` on client ``client_id``'s test split, with ``split="val"`` on its validation
     split (``data.val_fraction``), or with ``samples`` on those samples of its training split (a method's own
-    hold-out, e.g. FedFomo's).
+    hold-out, e.g. FedFomo's); with ``forward``, its logits are the method's :class:`Forward` of ``params``.
 
     Raises:
         ValueError: ``split`` is neither "test" nor "val", or "val" with ``samples``.
@@ -215,6 +235,7 @@ class EvalTask:
     params: Params
     samples: Optional[torch.Tensor] = None  # (m,) int64 indices into the client's training split
     split: str = "test"  # without samples: "test" or "val", the client's split evaluated
+    forward: Optional[Forward] = None  # the method's prediction; None: the architecture's forward pass
 
     def __post_init__(self) -> None:
         if self.split not in ("test", "val"):

@@ -16,7 +16,7 @@ from plfl.client import ClientModule, LocalTrainer, build_trainer
 from plfl.data.augment import augmentation
 from plfl.data.federated import FederatedData
 from plfl.errors import PlflError
-from plfl.executors.steps import FunctionalNetwork, run_feature_task, run_step_task
+from plfl.executors.steps import FunctionalNetwork, run_feature_task, run_forward_evaluation, run_step_task
 from plfl.models import channels_last
 from plfl.tasks import (
     ClientFailure,
@@ -113,7 +113,16 @@ class SequentialExecutor:
         activity.start_work("evaluation", len(tasks))
         results = []
         for task in tasks:
-            results.append(self.trainer.evaluate(task.params, *self._evaluation_split(task)))
+            x, y = self._evaluation_split(task)
+            if task.forward is None:
+                results.append(self.trainer.evaluate(task.params, x, y))
+            else:
+                rows = torch.arange(len(y)) if task.samples is None else task.samples
+                results.append(
+                    run_forward_evaluation(
+                        task, self.network, x.to(self.device), y.to(self.device), rows.to(self.device)
+                    )
+                )
             activity.finish_clients()
         return results
 

@@ -1,6 +1,8 @@
 """A :class:`~plfl.tasks.StepTask`'s batches, the clients' architecture as a function of their states (every
 executor's :class:`~plfl.tasks.Network`), the plain loop that runs a step task for one client (the sequential
-executor's, and so the Ray actors'), and a :class:`~plfl.tasks.FeatureTask` for one client (every executor's)."""
+executor's, and so the Ray actors'), a :class:`~plfl.tasks.FeatureTask` for one client (every executor's), and an
+:class:`~plfl.tasks.EvalTask` with a method's :class:`~plfl.tasks.Forward` for one client (the sequential
+executor's)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,15 @@ import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
 from plfl.activity import current as activity
-from plfl.batches import epoch_size, sample_rows, smallest_batch, training_rows
+from plfl.batches import EVAL_BATCH_SIZE, epoch_size, sample_rows, smallest_batch, training_rows
 from plfl.executors.lockstep import masked, masked_batch_norms
 from plfl.state import Params
-from plfl.tasks import Batch, FeatureResult, FeatureTask, StepResult, StepTask
+from plfl.tasks import Batch, EvalResult, EvalTask, FeatureResult, FeatureTask, StepResult, StepTask
 
 
 def epoch_rows(task: StepTask, n: int, batch_norm: bool) -> list[torch.Tensor]:
@@ -92,3 +95,24 @@ def run_feature_task(
         outputs = [network(params, x[row[row >= 0].to(x.device)], None, task.module)[0].cpu() for row in rows]
     kept = rows[rows >= 0]
     return FeatureResult(torch.cat(outputs) if outputs else x[:0].cpu(), y[kept.to(y.device)].cpu())
+
+
+def run_forward_evaluation(
+    task: EvalTask, network: FunctionalNetwork, x: torch.Tensor, y: torch.Tensor, rows: torch.Tensor
+) -> EvalResult:
+    """``task`` (one with a :class:`~plfl.tasks.Forward`) on the samples x ``(n, *input_shape)``, y (n,), whose
+    indices in the evaluated split are ``rows`` (n,) int64, all on one device: the forward's logits in batches of
+    ``EVAL_BATCH_SIZE``, without gradients, ``network`` in evaluation mode for the pass."""
+    params = {k: v.to(x.device) for k, v in task.params.items()}
+    correct, loss_sum = 0, 0.0
+    network.model.eval()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(y), EVAL_BATCH_SIZE):
+                batch = slice(start, start + EVAL_BATCH_SIZE)
+                logits = task.forward(network, params, x[batch], rows[batch])
+                correct += int((logits.argmax(-1) == y[batch]).sum())
+                loss_sum += float(F.cross_entropy(logits, y[batch], reduction="sum"))
+    finally:
+        network.model.train()
+    return EvalResult(correct, len(y), loss_sum / len(y) if len(y) else math.nan)

@@ -9,7 +9,8 @@ step; θ ← θ − lr·v) on the trainable parameters; the loss is the batch-me
 plus the proximal term (:func:`plfl.tasks.proximal_penalty`); BatchNorm layers run as
 :class:`~plfl.executors.lockstep.MaskedBatchNorm` (batch statistics of the real samples, each client's running
 statistics written back into its state). A method's own steps run in cohorts of equal steps, ``vmap`` of the
-step (:mod:`plfl.executors.stacked_steps`); evaluation stacks the models the same way (running statistics).
+step (:mod:`plfl.executors.stacked_steps`); evaluation stacks the models the same way (running statistics), and
+a method's own prediction (:class:`~plfl.tasks.Forward`) runs as ``vmap`` of it over the stacked models.
 Data and states stay on the device; a cohort synchronises once, at its end (a step task once per epoch). A
 training or evaluation step reads and writes only the stacked state that all cohorts share
 (:class:`~plfl.executors.lockstep.CohortState`; the step tasks' likewise), so on a CUDA device each step shape
@@ -46,6 +47,7 @@ from plfl.executors.lockstep import (
     first_rows,
     masked,
     masked_batch_norms,
+    stack,
     unstack,
     unsupported,
     with_masked_batch_norms,
@@ -60,6 +62,7 @@ from plfl.tasks import (
     EvalTask,
     FeatureResult,
     FeatureTask,
+    Forward,
     StepResult,
     StepTask,
     TrainResult,
@@ -306,12 +309,13 @@ class VectorizedExecutor:
             return self._fall_back(self.eval_reason, self.fallback.evaluate, tasks)
         self.model.eval()  # BatchNorm: running statistics
         results: list = [None] * len(tasks)
-        for name, members in self._evaluation_groups(tasks).items():
+        for (name, forward), members in self._evaluation_groups(tasks).items():
             split = {"test": self.test_split, "val": self.val_split, "train": self.train_split}[name]
             spans = {i: self._evaluation_span(split, tasks[i]) for i in members}
             clients = sorted(members, key=lambda i: -len(spans[i][1]))
+            run = self._evaluate_cohort if forward is None else self._evaluate_forwards
             for cohort_members in self._cohorts(clients):
-                self._evaluate_cohort(
+                run(
                     name,
                     split,
                     [tasks[i] for i in cohort_members],
@@ -322,13 +326,15 @@ class VectorizedExecutor:
         return results
 
     @staticmethod
-    def _evaluation_groups(tasks: list[EvalTask]) -> dict[str, list[int]]:
-        """The tasks' indices by the split they read: "test", "val" (the validation split), or "train" (the
-        training split's ``samples``), those with tasks only."""
-        groups: dict[str, list[int]] = {}
+    def _evaluation_groups(tasks: list[EvalTask]) -> dict[tuple[str, Optional[Forward]], list[int]]:
+        """The tasks' indices by the split they read, "test", "val" (the validation split) or "train" (the
+        training split's ``samples``), and their :class:`~plfl.tasks.Forward` (None: the architecture's), those
+        with tasks only."""
+        groups: dict[tuple[str, Optional[Forward]], list[int]] = {}
         for i, task in enumerate(tasks):
-            groups.setdefault("train" if task.samples is not None else task.split, []).append(i)
-        return {name: groups[name] for name in ("test", "val", "train") if name in groups}
+            groups.setdefault(("train" if task.samples is not None else task.split, task.forward), []).append(i)
+        order = ("test", "val", "train")
+        return dict(sorted(groups.items(), key=lambda item: order.index(item[0][0])))
 
     @staticmethod
     def _evaluation_span(split: Split, task: EvalTask) -> tuple[int, torch.Tensor]:
@@ -363,6 +369,36 @@ class VectorizedExecutor:
         for i, c, loss, (_, indices) in zip(positions, correct, losses, spans):
             n = len(indices)
             results[i] = EvalResult(int(c), n, loss / n if n else math.nan)
+
+    def _evaluate_forwards(
+        self,
+        name: str,
+        split: Split,
+        tasks: list[EvalTask],
+        spans: list[tuple[int, torch.Tensor]],
+        results: list,
+        positions: list[int],
+    ) -> None:
+        """As :meth:`_evaluate_cohort` for tasks with one :class:`~plfl.tasks.Forward`: ``vmap`` of the forward
+        over the cohort's stacked models (the architecture's tensors and the method's own), batch after batch,
+        each member's padded rows masked out (no recorded steps)."""
+        width = max(1, EVAL_BATCH_SIZE // len(tasks))
+        offsets = [offset for offset, _ in spans]
+        index, mask, active = split.schedule(offsets, [padded_rows(indices, width) for _, indices in spans])
+        rows = index - torch.tensor(offsets, device=index.device).view(1, -1, 1)  # indices in each client's split
+        params = stack([t.params for t in tasks], self.device)
+        predict = vmap(partial(tasks[0].forward, self.stacked_steps.network))
+        correct = torch.zeros(len(tasks), device=self.device)
+        loss_sum = torch.zeros(len(tasks), device=self.device)
+        with torch.no_grad():
+            for s, k in enumerate(active):
+                logits = predict({key: v[:k] for key, v in params.items()}, split.x[index[s, :k]], rows[s, :k])
+                y, real = split.y[index[s, :k]], mask[s, :k]
+                correct[:k] += ((logits.argmax(-1) == y) * real).sum(1)
+                loss_sum[:k] += (F.cross_entropy(logits.transpose(1, 2), y, reduction="none") * real).sum(1)
+        for i, c, loss, (_, indices) in zip(positions, correct.cpu().tolist(), loss_sum.cpu().tolist(), spans):
+            n = len(indices)
+            results[i] = EvalResult(round(c), n, loss / n if n else math.nan)
 
     def _evaluation_step(self, cohort: CohortState, split: Split, width: int, k: int) -> None:
         """The correct predictions and summed cross-entropy of the cohort's first ``k`` members on their batches

@@ -35,7 +35,7 @@ from plfl.fields import documented
 from plfl.plots import Plot
 from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore, Params
-from plfl.tasks import Step, StepTask, TrainResult, TrainTask, Work
+from plfl.tasks import Forward, Step, StepTask, TrainResult, TrainTask, Work
 
 if TYPE_CHECKING:
     from plfl.data.federated import FederatedData
@@ -180,6 +180,13 @@ class Method:
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         """Update the server state (``self.global_params``) from the clients' messages."""
         raise NotImplementedError
+
+    def prediction(self) -> Optional[Forward]:
+        """How the clients' models predict when it is not the architecture's forward pass: a
+        :class:`plfl.tasks.Forward` that evaluates every client's model (FedCP's two heads on a per-sample split of
+        the features); None (default): the architecture's. The global and new clients' models are evaluated by
+        the architecture's forward pass either way."""
+        return None
 
     def global_model(self, round_: int) -> Optional[Params]:
         """The server's model to evaluate on the union of all clients' test splits
