@@ -33,19 +33,22 @@ Gumbel noise is a pure function of (seed, round, client, step, row of the batch,
 (:func:`gumbel_noise`), so every executor draws the same noise whatever its batching. Messages count the tensors
 above: down, the feature extractor, plus the global head and the CPN where sent; up, all three.
 
-Departures, where plfl follows PFLlib's clientcp.py/servercp.py (the authors' code): the conditional input is
-the sum of the rows of the personalized head's weight matrix (the product of a multi-layer head's matrices in
-PFLlib; plfl's heads are one linear layer); the uploaded head is the mean of the personalized and the received
-global head; the Gumbel noise is drawn at evaluation as well as in training; the global head and CPN reach only
-the round's uploaders while the feature extractor reaches every client (PFLlib's serverbase broadcast). Departures
-from PFLlib: its initial conditional input is one torch.rand draw after reseeding torch with 0 for every client,
-so all its clients start from the same one, where plfl draws one per client from the run's seed; PFLlib's CPN is
-initialised from torch's global generator after the model, plfl's from the stream "fedcp_cpn"; PFLlib drops each
-client's last incomplete batch (plfl only with ``federation.drop_last``). Models whose head is not one
-``nn.Linear`` layer are refused (ConfigError); the global and new clients' models are not evaluated (no
-``global_accuracy``, no unseen clients). The steps are plain SGD (``federation.momentum`` must be 0) without
-``data.augment``; the reported loss is the cross-entropy alone; ALA (``method.ala``) is not offered, since the
-client's model is not the architecture's.
+Departures, where plfl follows PFLlib's clientcp.py/servercp.py: the conditional input is the sum of the rows of the
+personalized head's weight matrix (the product of a multi-layer head's matrices in PFLlib; plfl's heads are one
+linear layer); the uploaded head is the mean of the personalized and the received global head; the Gumbel noise is
+drawn at evaluation as well as in training; the global head and CPN reach only the round's uploaders while the
+feature extractor reaches every client (PFLlib's serverbase broadcast); λ = 1, PFLlib's default. The authors'
+repository (TsingZ0/FedCP) differs in places between its versions: in one the uploaded head's weights are W^p ⊙ r̄ +
+W^g ⊙ s̄ (mixed by the policy averaged over the last epoch's samples; the bias stays W^g's) and sets v_i = Σ_c
+|W^up_{i,c} − W^g_c| from the uploaded and the new global head; its data loaders do not shuffle and drop every last
+incomplete batch, the test's too; its MNIST script takes λ = 5. Departures from PFLlib: its initial conditional
+input is one torch.rand draw after reseeding torch with 0 for every client, so all its clients start from the same
+one, where plfl draws one per client from the run's seed; PFLlib's CPN is initialised from torch's global generator
+after the model, plfl's from the stream "fedcp_cpn"; PFLlib drops each client's last incomplete batch (plfl only
+with ``federation.drop_last``). Models whose head is not one ``nn.Linear`` layer are refused (ConfigError); the
+global and new clients' models are not evaluated (no ``global_accuracy``, no unseen clients). The steps are plain
+SGD (``federation.momentum`` must be 0) without ``data.augment``; the reported loss is the cross-entropy alone; ALA
+(``method.ala``) is not offered, since the client's model is not the architecture's.
 """
 
 from __future__ import annotations
