@@ -23,6 +23,7 @@ from plfl.methods.fedcp import (
     FedCP,
     FedCPConfig,
     FedCPForward,
+    gumbel_from_bits,
     gumbel_noise,
     mmd,
     policy,
@@ -69,6 +70,16 @@ def test_gumbel_noise_is_keyed_by_row_and_column_not_by_batch():
     # Standard Gumbel: mean γ ≈ 0.5772, variance π²/6 ≈ 1.645 (19 200 draws: standard errors 0.01, 0.03).
     assert whole.mean().item() == pytest.approx(0.5772, abs=0.04)
     assert whole.var().item() == pytest.approx(math.pi**2 / 6, abs=0.12)
+
+
+def test_gumbel_draws_are_finite_at_the_extreme_hashes():
+    # u = (k + ½)/2^23 for the top 23 bits k: 2^-24 and 1 − 2^-24 at the ends, both exact in float32, so no draw is
+    # ±inf (a 24-bit grid would round its last u to 1.0 and draw +inf, a NaN policy).
+    h = torch.tensor([0, 2**32 - 1])
+    draws = gumbel_from_bits(h)
+    assert torch.isfinite(draws).all()
+    expected = [-math.log(-math.log(2**-24)), -math.log(-math.log1p(-(2**-24)))]
+    torch.testing.assert_close(draws, torch.tensor(expected), rtol=1e-4, atol=0)
 
 
 def test_policy_splits_every_dimension_in_two():

@@ -116,15 +116,20 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+def gumbel_from_bits(h: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel draws −log(−log u) from int64 hashes ``h`` in [0, 2^32), elementwise, float32: u = (k + ½)/2^23
+    with k the hash's top 23 bits, uniform in (0, 1) and exact in float32 (so u < 1 and every draw is finite)."""
+    u = ((h >> 9).to(torch.float32) + 0.5) * 2.0**-23
+    return -torch.log(-torch.log(u))
+
+
 def gumbel_noise(key: torch.Tensor, rows: torch.Tensor, width: int) -> torch.Tensor:
-    """Standard Gumbel draws −log(−log u), (W, ``width``) float32, u uniform in (0, 1) on a 2^-24 grid: a pure
-    function of the 0-dim int64 ``key``, the (W,) int64 ``rows`` and the column, so that the same key and row give
-    the same draws in any batch."""
+    """Standard Gumbel draws (:func:`gumbel_from_bits`), (W, ``width``) float32: a pure function of the 0-dim int64
+    ``key``, the (W,) int64 ``rows`` and the column, so that the same key and row give the same draws in any
+    batch."""
     columns = torch.arange(width, device=rows.device)
     h = _mix(_mix(key) ^ _mix(rows + 0x3C6EF372).unsqueeze(-1))
-    h = _mix(h ^ _mix(columns + 0x1B873593))
-    u = ((h >> 8).to(torch.float32) + 0.5) * 2.0**-24
-    return -torch.log(-torch.log(u))
+    return gumbel_from_bits(_mix(h ^ _mix(columns + 0x1B873593)))
 
 
 def fold(seed: int) -> torch.Tensor:
