@@ -40,7 +40,7 @@ drawn at evaluation as well as in training; the global head and CPN reach only t
 feature extractor reaches every client (PFLlib's serverbase broadcast); λ = 1, PFLlib's default. The authors'
 repository (TsingZ0/FedCP) differs in places between its versions: in one, the uploaded head's weights are W^p ⊙ r̄ +
 W^g ⊙ s̄ (mixed by the policy averaged over the last epoch's samples; the bias stays W^g's) and v_i = Σ_c
-|W^up_{i,c} − W^g_c|, from the uploaded and the new global head; its data loaders do not shuffle and drop every last
+``|W^up_{i,c} − W^g_c|``, from the uploaded and the new global head; its data loaders do not shuffle and drop every last
 incomplete batch, the test's too; its MNIST script takes λ = 5. Departures from PFLlib: its initial conditional
 input is one torch.rand draw after reseeding torch with 0 for every client, so all its clients start from the same
 one, where plfl draws one per client from the run's seed; PFLlib's CPN is initialised from torch's global generator
