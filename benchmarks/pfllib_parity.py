@@ -240,6 +240,11 @@ METHODS = {
         "method.align_batch_size, method.align_lr; its prototypes, alignment and Fisher pass leave out each "
         "client's last incomplete batch",
     ),
+    "gpfl": Pairing(
+        "GPFL",
+        (Flag("lamda", "method.lam"), Flag("mu", "method.mu")),
+        note="PFLlib counts a client's class frequencies over one shuffled pass that drops its last incomplete batch",
+    ),
 }
 
 

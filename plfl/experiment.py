@@ -20,7 +20,7 @@ from plfl.data.federated import ClientData
 from plfl.errors import ConfigError, PlflError
 from plfl.executors import build_executor
 from plfl.federation import FederationLoop
-from plfl.methods import build_method
+from plfl.methods import build_method, method_class
 from plfl.methods.base import FederationContext
 from plfl.models import models
 from plfl.seeding import unseen_clients
@@ -69,6 +69,7 @@ def run_experiment(
     if config.federation.drop_last:
         require_full_batches(data, config.federation.batch_size)
     model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
+    model = method_class(config.method.name).client_network(model)
     initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     participants, unseen = hold_out(
         data, unseen_clients(config.federation.seed, len(data.clients), config.federation.unseen_clients)

@@ -19,11 +19,15 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torchvision.models.resnet import BasicBlock, ResNet
 
 from plfl.models import BodyHeadModel
+from plfl.models.networks import ConditionalValve, ValvedBody, ValvedModel
 from plfl.state import Params
 
 # Layers that vmap runs exactly (BatchNorm through MaskedBatchNorm), torchvision's ResNet-18 included.
 SUPPORTED = (
     BodyHeadModel,
+    ValvedModel,
+    ValvedBody,
+    ConditionalValve,
     nn.Sequential,
     nn.Linear,
     nn.Conv2d,
@@ -34,6 +38,8 @@ SUPPORTED = (
     nn.BatchNorm1d,
     nn.BatchNorm2d,
     nn.AdaptiveAvgPool2d,
+    nn.LayerNorm,
+    nn.Embedding,
     ResNet,
     BasicBlock,
 )

@@ -98,6 +98,13 @@ class Method:
     # What plfl report draws of this method's round_metrics and round_tables, beside every run's figures.
     figures: ClassVar[tuple[Plot, ...]] = ()
 
+    @classmethod
+    def client_network(cls, model: nn.Module) -> nn.Module:
+        """The clients' architecture built around ``model`` (``model.name``'s network), before the initial model
+        is drawn from it: ``model`` itself (default), or a network that adds the method's own modules, as GPFL adds
+        its conditional valve and class embeddings (:func:`plfl.models.networks.valved`)."""
+        return model
+
     def __init__(self, config: MethodConfig, context: FederationContext, initial_params: Params):
         self.config = config
         self.context = context

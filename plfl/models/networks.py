@@ -244,3 +244,66 @@ def _image_shape(input_shape: tuple[int, ...], name: str) -> tuple[int, int, int
     if len(input_shape) != 3:
         raise ConfigError(f"model.name={name} needs image inputs (C, H, W); the data have shape {input_shape}.")
     return input_shape  # type: ignore[return-value]
+
+
+def modulated(features: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """ReLU(f ⊙ (γ + 1) + β): features f (B, F) scaled and shifted feature-wise by γ, β (F,) or (B, F)."""
+    return torch.relu(features * (gamma + 1) + beta)
+
+
+class ConditionalValve(nn.Module):
+    """A feature-wise affine valve driven by a condition vector c (F,): γ = LayerNorm(ReLU(W_γ c + b_γ)) and
+    β = LayerNorm(ReLU(W_β c + b_β)), then :func:`modulated` (GPFL's Conditional Valve, Zhang et al., ICCV 2023).
+    ``gamma`` and ``beta`` are ``Linear → ReLU → LayerNorm`` stacks (F → F), built in that order."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.gamma = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.LayerNorm([dim]))
+        self.beta = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.LayerNorm([dim]))
+
+    def forward(self, features: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
+        """(B, F) features, (F,) condition → (B, F) valved features."""
+        return modulated(features, self.gamma(condition), self.beta(condition))
+
+
+class ValvedBody(nn.Module):
+    """A body followed by a :class:`ConditionalValve` under the condition held in the buffer ``condition`` (F,):
+    ``(B, *input_shape)`` → (B, F). The condition is a buffer: it belongs to a client's state, not to training."""
+
+    def __init__(self, backbone: nn.Module, dim: int):
+        super().__init__()
+        self.backbone = backbone
+        self.valve = ConditionalValve(dim)
+        self.register_buffer("condition", torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.valve(self.backbone(x), self.condition)
+
+
+class ValvedModel(BodyHeadModel):
+    """``head(valve(body(x), condition))`` (a :class:`ValvedBody` as its body) beside a table of class embeddings
+    ``embedding`` (classes, F), which the forward pass does not use: GPFL's client model (the feature extractor,
+    the Conditional Valve under the personalized condition, the head) and its Global Category Embedding layer."""
+
+    def __init__(self, body: ValvedBody, head: nn.Linear, embedding: nn.Embedding):
+        super().__init__(body, head)
+        self.embedding = embedding
+
+
+def valved(model: BodyHeadModel) -> ValvedModel:
+    """``model``'s body and head with a class embedding table (``nn.Embedding(classes, F)``, built first) and a
+    :class:`ConditionalValve` (then) between them, F = the head's input width: the order of GPFL's modules in the
+    authors' code, so that the same random state initialises them alike.
+
+    Raises:
+        ConfigError: the head is not one ``nn.Linear`` layer.
+    """
+    head = getattr(model, "head", None)
+    if not isinstance(head, nn.Linear):
+        raise ConfigError(
+            f"a valved model needs an nn.Linear head; {type(model).__name__} has {type(head).__name__} as its head. "
+            "Choose a model of plfl.models."
+        )
+    dim, classes = model.head.in_features, model.head.out_features
+    embedding = nn.Embedding(classes, dim)
+    return ValvedModel(ValvedBody(model.body, dim), model.head, embedding)
