@@ -40,7 +40,7 @@ from plfl.config import load_config
 from plfl.data import load_federated_data
 from plfl.executors import build_executor
 from plfl.federation import FederationLoop
-from plfl.methods import build_method
+from plfl.methods import build_method, method_class
 from plfl.methods.base import FederationContext
 from plfl.methods.fedavg import weighted_average
 from plfl.models import models
@@ -77,6 +77,8 @@ def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
     if kind == "plain":
         use_precision(cfg.trainer.precision)  # the float32 that build_trainer sets for plfl's kinds
         return plain_rounds(model.to(args.device), data, initial, federation, args.rounds, args.device)
+    model = method_class(cfg.method.name).client_network(model)  # the method's own modules, e.g. GPFL's valve
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
     config = OmegaConf.to_object(cfg)
     context = FederationContext(
         data, ClientStateStore(len(data.clients)), config.federation, model, config.data.augment
