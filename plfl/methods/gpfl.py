@@ -29,20 +29,21 @@ What is shared (``server_message`` and ``client_message``, the same keys both wa
 server sets each to the mean of the round's uploads weighted by the clients' training samples (FedAvg's
 ``aggregate``) and sends them to every client. What stays on client i: its head h_i, its class frequencies and
 its conditional inputs; p_i is the model's ``body.condition`` buffer (so the evaluated model is
-h_i(CoV(φ(x), p_i)), the paper's personalized prediction) and g_i is kept in the store. At each broadcast
+h_i(CoV(φ(x), p_i)), the personalized route) and g_i is kept in the store. At each broadcast
 (``pre_local_init``) a client first recomputes g_i and p_i from the GCE table it holds, the one it trained this
 round or, if it did not train, the one it last received, and then takes the received φ, CoV and GCE under its own
 head; before the first broadcast of a trained table (round 0) both are zero vectors, so the first training and the
 round-0 evaluation see g_i = p_i = 0.
 
-Departures from the paper, all as the authors' code and PFLlib's clientgpfl.py/servergpfl.py do it (commit
-d832e76): the conditional inputs come from the client's own GCE table before the new global one replaces it (for a
-client that trained, its locally trained table), not from the global table, and are zero until the first
-aggregation; L_mlg is one norm over the whole batch rather than a sum of per-sample norms; the regularisation is
-SGD weight decay μ (the penalty μ/2 ‖·‖²); the three modules take one step per batch with one lr. Defaults: the
-authors' code's λ = 0.01, μ = 0.1 for the 4-layer CNN (their run_me.sh; PFLlib's shared ``-lam``/``-mu`` defaults
-are 1 and 0). Departures from PFLlib: PFLlib counts the class frequencies over one pass that drops the last
-incomplete batch (shuffled), plfl over all training samples, as the paper defines α; PFLlib drops every
+Departures from the paper: plfl follows the authors' code and PFLlib's clientgpfl.py/servergpfl.py (commit
+d832e76, the same computation) where they are more specific than the paper or read differently: the conditional
+inputs come from the client's own GCE table just before the new global one replaces it (for a client that trained,
+the table it trained), not from the received global table, and are zero until the first aggregation; L_mlg is one
+norm over the whole batch rather than a sum or mean of per-sample norms; the regularisation is SGD weight decay μ
+(the penalty μ/2 ‖·‖²); φ, CoV, h and W take one step per batch with the one lr. Defaults: the authors' code's
+λ = 0.01, μ = 0.1 for the 4-layer CNN (their run_me.sh; PFLlib's shared ``-lam``/``-mu`` defaults are 1 and 0).
+Departures from PFLlib: PFLlib counts the class frequencies over one pass that drops the last
+incomplete batch (shuffled), plfl over all the client's training samples; PFLlib drops every
 incomplete last batch in training, plfl trains on it unless ``federation.drop_last=true``; PFLlib averages the
 body's parameters only, plfl its buffers too (BatchNorm statistics, if the body has any). The reported loss is the
 personalized cross-entropy alone. The steps are plain SGD (``federation.momentum`` must be 0) without
