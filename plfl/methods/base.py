@@ -196,8 +196,8 @@ class Method:
         return None
 
     def global_model(self, round_: int) -> Optional[Params]:
-        """The server's model to evaluate on the union of all clients' test splits
-        (logged as ``global_accuracy``); None (default): no global evaluation."""
+        """The server's model to evaluate on each participating client's test split (pooled, logged as
+        ``global_accuracy``); None (default): no global evaluation."""
         return None
 
     def new_client_model(self, round_: int) -> Optional[Params]:
