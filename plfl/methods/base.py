@@ -81,6 +81,22 @@ def require_plain_steps(method: str, context: FederationContext, steps: str) -> 
         )
 
 
+def require_linear_head(method: str, context: FederationContext, why: str) -> nn.Linear:
+    """The architecture's head, for a method that needs a body and one linear head (``why``: what it does with it).
+
+    Raises:
+        ConfigError: the model is not a body and a head, or its head is not one ``nn.Linear`` layer.
+    """
+    architecture = context.architecture
+    head = getattr(architecture, "head", None)
+    if not isinstance(head, nn.Linear) or not hasattr(architecture, "body"):
+        raise ConfigError(
+            f"{method} {why}, so the model's head must be one nn.Linear layer; {type(architecture).__name__} has "
+            f"{type(head).__name__} as its head. Choose a model of plfl.models."
+        )
+    return head
+
+
 class Method:
     """Base class of FL methods; the defaults implement FedAvg's client side.
 

@@ -61,12 +61,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import grad
 
-from plfl.errors import ConfigError
 from plfl.fields import checked, one_of
-from plfl.methods.base import FederationContext, Method, MethodConfig, require_plain_steps
+from plfl.methods.base import FederationContext, Method, MethodConfig, require_linear_head, require_plain_steps
 from plfl.methods.fedavg import weighted_average
 from plfl.methods.partial import module_keys
-from plfl.models import BodyHeadModel
 from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import (
@@ -258,13 +256,8 @@ class FedCP(Method):
     def __init__(self, config: FedCPConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         require_plain_steps("fedcp", context, "the feature extractor, personalized head and policy network")
+        require_linear_head("fedcp", context, "conditions its policy on the personalized head's weight rows")
         architecture = context.architecture
-        if not isinstance(architecture, BodyHeadModel) or not isinstance(architecture.head, nn.Linear):
-            raise ConfigError(
-                f"fedcp conditions its policy on the personalized head's weight rows, so the model's head must be one "
-                f"nn.Linear layer; {type(architecture).__name__} has "
-                f"{type(getattr(architecture, 'head', None)).__name__} as its head. Choose a model of plfl.models."
-            )
         head = module_keys(architecture, lambda name, _: name == "head")
         self.head_keys = tuple(k for k in initial_params if k in head)
         self.body_keys = tuple(k for k in initial_params if k not in head)

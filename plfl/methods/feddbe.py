@@ -49,14 +49,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import nn
 from torch.func import grad
 
-from plfl.errors import ConfigError
 from plfl.fields import checked
-from plfl.methods.base import FederationContext, MethodConfig, nbytes, numel, require_plain_steps
+from plfl.methods.base import FederationContext, MethodConfig, nbytes, numel, require_linear_head, require_plain_steps
 from plfl.methods.fedavg import FedAvg
-from plfl.models import BodyHeadModel
 from plfl.state import Params
 from plfl.tasks import (
     Batch,
@@ -190,13 +187,8 @@ class FedDBE(FedAvg):
     def __init__(self, config: FedDBEConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         require_plain_steps("feddbe", context, "the model and the PRBM (their loss has Mean Regularization)")
+        require_linear_head("feddbe", context, "adds the PRBM to the features before a linear head")
         architecture = context.architecture
-        if not isinstance(architecture, BodyHeadModel) or not isinstance(architecture.head, nn.Linear):
-            raise ConfigError(
-                "feddbe adds the PRBM to the features before a linear head, so the model's head must be one "
-                f"nn.Linear layer; {type(architecture).__name__} has "
-                f"{type(getattr(architecture, 'head', None)).__name__} as its head. Choose a model of plfl.models."
-            )
         self.parameter_names = tuple(name for name, _ in architecture.named_parameters())
         self.dim = architecture.head.in_features
         self.consensus: Optional[torch.Tensor] = None  # z̄^g (F,); None until the initialization period is over

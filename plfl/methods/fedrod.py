@@ -46,14 +46,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch import nn
 from torch.func import grad_and_value
 
-from plfl.errors import ConfigError
-from plfl.methods.base import FederationContext, MethodConfig, require_plain_steps
+from plfl.methods.base import FederationContext, MethodConfig, require_linear_head, require_plain_steps
 from plfl.methods.fedavg import FedAvg
 from plfl.methods.partial import module_keys
-from plfl.models import BodyHeadModel
 from plfl.state import Params
 from plfl.tasks import (
     Batch,
@@ -146,13 +143,10 @@ class FedRoD(FedAvg):
     def __init__(self, config: MethodConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         require_plain_steps("fedrod", context, "the generic model and the personal head")
+        require_linear_head(
+            "fedrod", context, "adds a personal head's logits to the generic head's as one summed linear head"
+        )
         architecture = context.architecture
-        if not isinstance(architecture, BodyHeadModel) or not isinstance(architecture.head, nn.Linear):
-            raise ConfigError(
-                f"fedrod adds a personal head's logits to the generic head's as one summed linear head, so the "
-                f"model's head must be one nn.Linear layer; {type(architecture).__name__} has "
-                f"{type(getattr(architecture, 'head', None)).__name__} as its head. Choose a model of plfl.models."
-            )
         head = module_keys(architecture, lambda name, _: name == "head")
         self.head_keys = tuple(k for k in initial_params if k in head)  # the model's order
         self.parameter_names = tuple(name for name, _ in architecture.named_parameters())
