@@ -4,6 +4,7 @@ steps of its own)."""
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from torch.func import functional_call
 from plfl.batches import batch_loader
 from plfl.config import load_config
 from plfl.errors import ConfigError
-from plfl.methods.base import MethodConfig, numel
+from plfl.methods.base import MethodConfig, numel, require_linear_head
 from plfl.methods.fedrod import FedRoD, balanced_softmax_loss, log_class_counts, summed_head
 from plfl.models import build_model
 from plfl.seeding import derive_seed
@@ -122,3 +123,21 @@ def test_fedrod_has_no_ala():
     # The client trains from the received model and its stored personal head; ALA's model would go untrained.
     with pytest.raises(ConfigError, match="Unknown config key 'method.ala'"):
         load_config(ROOT / "configs" / "fedrod.yaml", ["method.ala.s=50"])
+
+
+def test_a_model_without_one_linear_head_is_refused_by_name():
+    """The methods that work on a body and one linear head refuse another model, naming its head and the fix."""
+    body_head = build_model("mlp", (1, 8, 8), 10, hidden_sizes=[4])
+    assert require_linear_head("fedrod", SimpleNamespace(architecture=body_head), "sums heads") is body_head.head
+    two_layer_head = copy.deepcopy(body_head)
+    two_layer_head.head = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 10))
+    for architecture, head in (
+        (nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), "NoneType"),
+        (two_layer_head, "Sequential"),
+    ):
+        with pytest.raises(ConfigError) as error:
+            require_linear_head("fedrod", SimpleNamespace(architecture=architecture), "sums heads")
+        assert str(error.value) == (
+            f"fedrod sums heads, so the model's head must be one nn.Linear layer; {type(architecture).__name__} has "
+            f"{head} as its head. Choose a model of plfl.models."
+        )
