@@ -63,9 +63,10 @@ def odd_clients() -> FederatedData:
 def test_no_method_leaves_a_client_out_for_a_batch_norm_batch_of_one(odd_clients, name, executor):
     """Every method with a BatchNorm model and batch size 5 trains both clients in both rounds: no batch (or
     sub-batch) of one sample reaches BatchNorm, whatever loop the method's training takes."""
-    model = build_model("mlp", odd_clients.input_shape, odd_clients.num_classes, hidden_sizes=[16], batch_norm=True)
-    context, _ = make_context(odd_clients, model=model, rounds=2)
     cls = method_class(name)
+    model = build_model("mlp", odd_clients.input_shape, odd_clients.num_classes, hidden_sizes=[16], batch_norm=True)
+    model = cls.client_network(model)  # the clients' network, as a run builds it
+    context, _ = make_context(odd_clients, model=model, rounds=2)
     method = cls(cls.config_class(), context, {k: v.clone() for k, v in model.state_dict().items()})
     runner = sequential(context)
     if executor == "vectorized":
