@@ -6,7 +6,10 @@ client estimates its cluster as the model of lowest loss on its own training dat
 uploads the trained model with :math:`\hat j`. The server averages each cluster's uploads,
 :math:`\theta_j \leftarrow \sum_{i \in S_j} \tilde\theta_i / |S_j|` (Alg. 1, model averaging), and keeps the model of
 a cluster no client chose. The k models start from k initialisations of the architecture (the first is the run's
-initial model), drawn from the run's seed.
+initial model), drawn from the run's seed. The clusters separate only from a good enough initialisation (the paper's
+analysis): on rotated MNIST (``configs/ifca-mnist-rotated.yaml``) one seed in four merges two groups. The paper
+relaxes this by random restarts; in plfl a restart is a run with another ``federation.seed``, and the run of lowest
+training loss (``train_loss`` in metrics.csv) can be kept: the merged seed's is the highest by round 5.
 
 A client's evaluated (personalized) model is its cluster's model, estimated at every broadcast, so every
 client, sampled or not, is scored on the cluster it would join. ``tables/cluster_assignments.csv`` records each
