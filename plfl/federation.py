@@ -319,9 +319,9 @@ class FederationLoop:
         activity.start_phase("evaluation")
         validated = self.context.data.has_validation
         results, val_results = {}, {}
+        forward = self.method.prediction()
         for group in self._groups():
             models = [self.context.store.get(i, "model") for i in group]
-            forward = self.method.prediction()
             tasks = [EvalTask(i, m, forward=forward) for i, m in zip(group, models)]
             if validated:
                 tasks += [EvalTask(i, m, split="val", forward=forward) for i, m in zip(group, models)]
