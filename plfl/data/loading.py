@@ -36,16 +36,29 @@ def load_federated_data(cfg: Any, seed: int) -> FederatedData:
     With ``cfg.val_fraction`` > 0 every client's training split, whichever the
     source, is then split once more (:func:`hold_out_validation`); at 0 the
     clients are exactly those without the key. With ``cfg.rotation_groups`` > 1
-    the clients' images are then rotated by group (:func:`rotated`).
+    the clients' images are then rotated by group (:func:`rotated`), or, with
+    ``cfg.rotation_mixture``, each sample by a group drawn from its client's
+    own mixture of the rotations (:func:`rotation_mixed`).
 
     Raises:
         DataError: files are missing, corrupt, unsafe or inconsistent, or the
             partition is impossible with the given settings; the message names
-            the file or key to fix.
+            the file or key to fix; ``cfg.rotation_mixture`` without
+            rotation groups to mix.
     """
+    if cfg.rotation_mixture is not None and cfg.rotation_groups <= 1:
+        raise DataError(
+            f"data.rotation_mixture={cfg.rotation_mixture} mixes rotation groups, but data.rotation_groups is "
+            f"{cfg.rotation_groups}. Set data.rotation_groups to the number of rotations (> 1), or remove "
+            "data.rotation_mixture."
+        )
     data = _clients(cfg, seed)
     data = hold_out_validation(data, cfg.val_fraction, seed) if cfg.val_fraction else data
-    return rotated(data, cfg.rotation_groups) if cfg.rotation_groups > 1 else data
+    if cfg.rotation_groups <= 1:
+        return data
+    if cfg.rotation_mixture is not None:
+        return rotation_mixed(data, cfg.rotation_groups, cfg.rotation_mixture, seed)
+    return rotated(data, cfg.rotation_groups)
 
 
 def rotated(data: FederatedData, groups: int) -> FederatedData:
@@ -56,17 +69,65 @@ def rotated(data: FederatedData, groups: int) -> FederatedData:
     Raises:
         DataError: the samples are not images (C, H, W).
     """
-    if data.vocab_size is not None or len(data.input_shape) != 3:
-        raise DataError(
-            f"data.rotation_groups={groups} rotates images; {data.name}'s samples have shape {data.input_shape}. "
-            "Set data.rotation_groups=1."
-        )
+    _require_images(data, groups)
     clients = []
     for i, c in enumerate(data.clients):
         angle = (i % groups) * 360.0 / groups
         x_train, x_test, x_val = (_rotate(x, angle) for x in (c.x_train, c.x_test, c.x_val))
         clients.append(ClientData(x_train, c.y_train, x_test, c.y_test, x_val, c.y_val))
     return dataclasses.replace(data, clients=clients)
+
+
+def rotation_mixture(client_id: int, groups: int, alpha: float, seed: int) -> tuple[np.ndarray, np.random.Generator]:
+    """Client ``client_id``'s proportions of the ``groups`` rotations, (groups,) float64 ~ Dir(``alpha``, ...,
+    ``alpha``), and the generator (seeded from the stream ``"rotation_mixture"`` of ``seed`` and the client) that
+    then draws its samples' groups: the ground truth of :func:`rotation_mixed`."""
+    rng = np.random.default_rng(derive_seed(seed, 0, client_id, "rotation_mixture"))
+    return rng.dirichlet(np.full(groups, alpha)), rng
+
+
+def rotation_groups_of(data: FederatedData, groups: int, alpha: float, seed: int) -> list[tuple[np.ndarray, ...]]:
+    """Per client, its proportions (groups,) and its training, test and validation samples' groups (int64 arrays
+    in the splits' order), as :func:`rotation_mixed` draws them."""
+    drawn = []
+    for i, c in enumerate(data.clients):
+        proportions, rng = rotation_mixture(i, groups, alpha, seed)
+        splits = [rng.choice(groups, size=len(y), p=proportions) for y in (c.y_train, c.y_test, c.y_val)]
+        drawn.append((proportions, *splits))
+    return drawn
+
+
+def rotation_mixed(data: FederatedData, groups: int, alpha: float, seed: int) -> FederatedData:
+    """``data`` with every image rotated counter-clockwise by g · 360°/``groups``, its group g drawn from its
+    client's own proportions (:func:`rotation_mixture`, Dirichlet ``alpha``), independently per sample of the
+    training, test and validation splits (:func:`rotation_groups_of`): planted mixtures of rotated copies, whose
+    components are the rotations and whose per-client weights are the proportions (FedEM's setting, Marfoq et al.,
+    NeurIPS 2021).
+
+    Raises:
+        DataError: the samples are not images (C, H, W).
+    """
+    _require_images(data, groups)
+    clients = []
+    for c, (_, *drawn) in zip(data.clients, rotation_groups_of(data, groups, alpha, seed)):
+        turned = []
+        for x, group in zip((c.x_train, c.x_test, c.x_val), drawn):
+            x = x.clone()
+            for g in range(1, groups):
+                index = torch.from_numpy(np.flatnonzero(group == g))
+                if len(index):
+                    x[index] = _rotate(x[index], g * 360.0 / groups)
+            turned.append(x)
+        clients.append(ClientData(turned[0], c.y_train, turned[1], c.y_test, turned[2], c.y_val))
+    return dataclasses.replace(data, clients=clients)
+
+
+def _require_images(data: FederatedData, groups: int) -> None:
+    if data.vocab_size is not None or len(data.input_shape) != 3:
+        raise DataError(
+            f"data.rotation_groups={groups} rotates images; {data.name}'s samples have shape {data.input_shape}. "
+            "Set data.rotation_groups=1."
+        )
 
 
 def _rotate(images: torch.Tensor, angle: float) -> torch.Tensor:

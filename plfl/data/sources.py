@@ -70,6 +70,14 @@ class DataSource(Component):
         "images: k groups of clients, client i in group i mod k, whose images (train, validation and test) are "
         "rotated by i mod k · 360°/k, as IFCA's rotated MNIST plants k clusters (1: none)",
     )
+    rotation_mixture: Optional[float] = checked(
+        None,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "with rotation_groups k > 1: every client mixes the k rotations, each of its samples (train, validation "
+        "and test) turned by a group drawn from the client's own proportions ~ Dir(α, ..., α), α this value, "
+        "seeded per client (FedEM's planted mixtures); null: whole clients by group",
+    )
 
     def read(self) -> Union[Pool, FederatedData]:
         """A pooled source's :data:`Pool`, or the clients its files define.

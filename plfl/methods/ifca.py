@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+from torch import nn
 
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig
@@ -42,6 +43,20 @@ class IFCAConfig(MethodConfig):
     """IFCA's keys (Ghosh et al., NeurIPS 2020)."""
 
     clusters: int = checked(2, lambda v: v >= 1, "an integer >= 1", "k: the cluster models the server keeps")
+
+
+def fresh_initialisation(architecture: nn.Module, seed: int, index: int, stream: str) -> Params:
+    """A state dict of ``architecture`` with every module's parameters drawn afresh (``reset_parameters``), torch
+    seeded by :func:`plfl.seeding.derive_seed` (``seed``, round 0, ``index``, ``stream``) without touching the
+    global generator: the extra starting models of a method that keeps several (IFCA's clusters, FedEM's
+    components)."""
+    model = copy.deepcopy(architecture)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, 0, index, stream))
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 class IFCA(Method):
@@ -63,13 +78,7 @@ class IFCA(Method):
 
     def _initialisation(self, cluster: int) -> Params:
         """The architecture's parameters initialised afresh from the seed of cluster ``cluster``."""
-        model = copy.deepcopy(self.context.architecture)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(self.seed, 0, cluster, "cluster_init"))
-            for module in model.modules():
-                if hasattr(module, "reset_parameters"):
-                    module.reset_parameters()
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return fresh_initialisation(self.context.architecture, self.seed, cluster, "cluster_init")
 
     def cluster_model(self, models: Params, cluster: int) -> Params:
         """Cluster ``cluster``'s model from stacked ``models``: name → ``(k, *shape)``."""
