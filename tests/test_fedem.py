@@ -21,6 +21,7 @@ from plfl.methods.fedavg import FedAvg, FedAvgConfig
 from plfl.methods.fedem import (
     TABLE,
     WEIGHTS,
+    WEIGHTS_HEATMAP,
     FedEM,
     FedEMConfig,
     FedEMForward,
@@ -198,3 +199,16 @@ def test_rotation_mixture_turns_each_sample_by_a_group_drawn_from_its_clients_pr
     config.data.rotation_mixture = 0.5
     with pytest.raises(DataError, match="data.rotation_mixture=0.5 mixes rotation groups"):
         load_federated_data(config.data, 0)
+
+
+def test_a_run_writes_the_weights_table_that_the_report_draws(digits_config):
+    from plfl.experiment import run_experiment
+    from plfl.report.figures import declared_plots, heatmaps_figure
+    from plfl.report.runs import read_report_run
+
+    run_dir, _ = run_experiment(digits_config(**{"method.name": "fedem", "federation.rounds": 2}))
+    figure = heatmaps_figure(read_report_run(run_dir), WEIGHTS_HEATMAP)
+    (heatmap,) = figure.data
+    assert list(heatmap.x) == [0, 1, 2] and list(heatmap.y) == [0, 1, 2, 3, 4]  # components × clients
+    assert np.allclose(np.sum(heatmap.z, axis=1), 1, atol=1e-6)  # each client's π, round 2
+    assert "round 2" in figure.layout.title.text and WEIGHTS_HEATMAP in declared_plots()

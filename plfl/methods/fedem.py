@@ -1,27 +1,27 @@
 r"""FedEM (Marfoq, Neglia, Bellet, Kameni and Vidal, "Federated Multi-Task Learning under a Mixture of Distributions",
 NeurIPS 2021, arXiv:2108.10252): each client's distribution is a mixture of M shared components, learned by a
-federated EM algorithm (Alg. 1; its client-server form, Alg. 2).
+federated EM algorithm (Alg. 1; detailed in the appendix's Alg. 2).
 
 The server keeps M component models ("learners") :math:`\theta_1, \dots, \theta_M`, stacked on a leading axis
 (name → ``(M, *shape)``), and sends all of them to every client (``server_message``). Client t keeps its mixture
 weights :math:`\pi_t \in \Delta^M` (uniform 1/M before its first training) in its own state; they never leave it.
 In round k a sampled client, from the received learners :math:`\theta^{k-1}` (``local_train``):
 
-- E-step (Alg. 1, line 4; :func:`responsibilities`): for each training sample i,
+- E-step (Alg. 1; :func:`responsibilities`): for each training sample i,
   :math:`q_t^k(z_i = m) \propto \pi_{tm}^{k-1} \exp(-\ell(h_{\theta_m^{k-1}}(x_i), y_i))`, ℓ the cross-entropy;
-- M-step for the weights (line 5): :math:`\pi_{tm}^k = \frac{1}{n_t} \sum_i q_t^k(z_i = m)`;
-- M-step for the learners (line 7, the local solver): ``federation.local_epochs`` epochs (or
+- M-step for the weights: :math:`\pi_{tm}^k = \frac{1}{n_t} \sum_i q_t^k(z_i = m)`;
+- M-step for the learners (Alg. 1's LocalSolver): ``federation.local_epochs`` epochs (or
   ``federation.local_steps`` steps) of SGD at ``federation.lr`` from :math:`\theta^{k-1}` on
   :math:`\frac{1}{n_t} \sum_i \sum_m q_t^k(z_i = m)\, \ell(h_{\theta_m}(x_i), y_i)`, whose mini-batch estimate is
-  :math:`\frac{1}{|B|} \sum_{i \in B} \sum_m q_{im} \ell_{im}` (the authors' and FL-bench's normalisation), in the
+  :math:`\frac{1}{|B|} \sum_{i \in B} \sum_m q_{im} \ell_{im}` (FL-bench's normalisation), in the
   one batch order of every method (the step task :class:`FedEMStep`; the terms are separable, so each learner
   takes its own step on its own weighted loss);
 
-and uploads the M trained learners. The server sets each learner to the mean of its uploads weighted by the clients'
-training samples (Alg. 1, line 9, :math:`\omega_t = n_t / n`; ``aggregate``). At the broadcast every client's model
-is the received learners with its own :math:`\pi_t` (``pre_local_init``), and it predicts the mixture
-:math:`p_t(y \mid x) = \sum_m \pi_{tm}\, \mathrm{softmax}(h_{\theta_m}(x))_y` (Eq. 6 under Assumption 2;
-:class:`FedEMForward`, through :meth:`FedEM.prediction`), evaluated as the logits
+and uploads the M trained learners. The server sets each learner to the mean of its uploads weighted by the
+clients' training samples (Alg. 1, :math:`\theta_m = \sum_t \frac{n_t}{n} \theta_{m,t}`; ``aggregate``). At the
+broadcast every client's model is the received learners with its own :math:`\pi_t` (``pre_local_init``), and it
+predicts the mixture :math:`p_t(y \mid x) = \sum_m \pi_{tm}\, \mathrm{softmax}(h_{\theta_m}(x))_y` (the paper's
+predictor under its Assumption 2; :class:`FedEMForward`, through :meth:`FedEM.prediction`), evaluated as the logits
 :math:`\log \sum_m \pi_{tm}\, \mathrm{softmax}(h_{\theta_m}(x))` (:func:`mixture_log_probabilities`), whose
 cross-entropy is the mixture's negative log-likelihood.
 
@@ -37,12 +37,12 @@ uniform). Communication is honest: M models down to every client, M models up fr
 
 Departures from the paper: the E-step's and the step's forward passes run the network in training mode, so a model
 with BatchNorm normalises them by the batch's statistics (and the E-step leaves out a last batch of one sample);
-the authors' code and FL-bench compute them in evaluation mode. The reported training loss is the q-weighted
-cross-entropy above. The steps are plain SGD (``federation.momentum`` must be 0, no ``data.augment``). There is no
-global model (no ``global_accuracy``) and no model for unseen clients: a new client's :math:`\pi` is learned on its
-own data (the paper's Sec. 4 does so by local EM steps). ALA (``method.ala``) is not offered: the client's model is
-M learners and :math:`\pi_t`, not the architecture's, and its learners restart from the received ones every round
-while :math:`\pi_t` is already the client's learned local weighting.
+FL-bench computes them in evaluation mode. The reported training loss is the q-weighted cross-entropy above. The
+steps are plain SGD (``federation.momentum`` must be 0, no ``data.augment``). There is no global model (no
+``global_accuracy``) and no model for unseen clients: a new client's :math:`\pi` would be learned by E- and M-steps
+on data the server never sees. ALA (``method.ala``) is not offered: the client's model is M learners and
+:math:`\pi_t`, not the architecture's, its learners restart from the received ones every round, and
+:math:`\pi_t` is already the client's learned local weighting of them.
 
 Departures of FL-bench's fedem.py from the paper, where plfl follows the paper: FL-bench mixes the learners' raw
 outputs (logits) with :math:`\pi_t`, not their softmax probabilities; it keeps every client's :math:`\pi_t` and
@@ -118,7 +118,7 @@ def component(models: Params, m: int) -> Params:
 
 
 def responsibilities(weights: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
-    """The E-step (Alg. 1, line 4): q_im = π_m exp(−ℓ_im) / Σ_m' π_m' exp(−ℓ_im'), as softmax_m(log π_m − ℓ_im).
+    """The E-step (Alg. 1): q_im = π_m exp(−ℓ_im) / Σ_m' π_m' exp(−ℓ_im'), as softmax_m(log π_m − ℓ_im).
 
     Args:
         weights: π, (M,) non-negative, summing to 1.
@@ -131,7 +131,7 @@ def responsibilities(weights: torch.Tensor, losses: torch.Tensor) -> torch.Tenso
 
 
 def mixture_log_probabilities(weights: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """log Σ_m π_m softmax(logits_m), the log-probabilities of the mixture's prediction (Eq. 6).
+    """log Σ_m π_m softmax(logits_m), the log-probabilities of the mixture's prediction (the paper's predictor).
 
     Args:
         weights: π, (M,).
@@ -164,7 +164,7 @@ class FedEMForward(Forward):
 
 @dataclass(frozen=True)
 class FedEMStep(Step):
-    """One SGD step of every learner on the q-weighted cross-entropy of a mini-batch (Alg. 1, line 7). State: the
+    """One SGD step of every learner on the q-weighted cross-entropy of a mini-batch (Alg. 1's LocalSolver). State: the
     M learners, name → ``(M, *shape)``; inputs: π^{k−1} (``fedem/weights``); shared: the received learners, from
     which the batch's q is computed (:func:`responsibilities`). The loss returned is
     (1/|B|) Σ_{i∈B} Σ_m q_im ℓ_im before the step."""
@@ -261,7 +261,7 @@ class FedEM(Method):
         return TrainResult({**learners, WEIGHTS: weights}, result.loss, result.samples_seen, upload=learners)
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
-        """Each learner ← the mean of its uploads weighted by the clients' training samples (Alg. 1, line 9)."""
+        """Each learner ← the mean of its uploads weighted by the clients' training samples (Alg. 1)."""
         sizes = [self.context.data.clients[i].num_train for i in messages]
         self.global_params = weighted_average(list(messages.values()), sizes)
 
