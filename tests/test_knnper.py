@@ -179,3 +179,19 @@ def test_the_memory_benchmark_reproduces_the_runs_last_round(digits_config):
     assert round_ == 3 and set(table) == {0.2, 1.0}
     assert table[1.0][0.5] == float(last["accuracy"]) and table[1.0][1.0] == float(last["knn_accuracy"])
     assert table[0.2][0.0] == table[1.0][0.0] == float(last["global_accuracy"])  # λ = 0: the global model alone
+
+
+def test_an_empty_datastore_leaves_the_global_model_alone(tiny_federation):
+    method, _ = method_of(tiny_federation, weight_grid=[])
+    hook = method.pre_local_init(0, dict(method.global_params), round_=1)
+    next(hook)
+    with pytest.raises(StopIteration) as stop:
+        hook.send(FeatureResult(torch.zeros(0, 16), torch.zeros(0, dtype=torch.int64)))  # no evaluation asked
+    model = stop.value.value
+    assert model[WEIGHT].item() == 0.0 and not model[PRESENT].any()
+    x = tiny_federation.clients[0].x_test
+    network = lambda params, inputs, mask, module: (getattr(method.context.architecture, module)(inputs), {})  # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(
+            method.prediction()(network, model, x, torch.arange(len(x))), method.context.architecture(x)
+        )

@@ -24,7 +24,7 @@ computes the features of its datastore samples with the received body (a :class:
 keeps them with their labels beside the model, never sent; the evaluated prediction is Eq. 7 (:class:`KNNPerForward`
 through :meth:`KNNPer.prediction`). With validation splits (``data.val_fraction`` > 0) and a non-empty
 ``method.weight_grid``, each client picks λ_m from the grid by its accuracy on its own validation split (the first
-best in the grid's order), as the paper tunes the interpolation on held-out data (20 % of each local dataset); without
+best in the grid's order): the paper holds 20 % of each local dataset out for validation and tunes there; without
 validation splits every client takes ``method.weight``. ``method.capacity`` keeps that fraction of a client's training
 samples in its datastore (⌊capacity · n_m⌋, at least one), drawn once per client from the stream "knnper_datastore",
 for the paper's accuracy-against-capacity figures.
@@ -242,13 +242,17 @@ class KNNPer(FedAvg):
 
     def pre_local_init(self, client_id: int, message: Params, round_: int) -> Work[Params]:
         """The received global model with the client's datastore (its samples' features under the received body)
-        and λ_m: tuned on its validation split, or ``method.weight``. The kNN model alone is scored on the test
-        split for ``knn_accuracy``."""
+        and λ_m: tuned on its validation split, or ``method.weight`` (0 for an empty datastore). The kNN model alone
+        is scored on the test split for ``knn_accuracy``."""
         model = dict(message)
         features: FeatureResult = yield FeatureTask(
             client_id, model, self.datastore_samples(client_id), self.context.federation.batch_size
         )
         base = {**model, **padded_datastore(features, self.capacity_max)}
+        if not len(features.y):  # no sample left (BatchNorm leaves a lone sample out): the global model alone
+            empty = {"weight": 0.0, "datastore": 0, "knn_correct": 0, "knn_total": 0, "val_accuracy": math.nan}
+            self.store.set(client_id, STATISTICS, empty)
+            return {**base, WEIGHT: torch.tensor(0.0)}
         grid = list(self.config.weight_grid) if self.tuned else []
         tasks = [EvalTask(client_id, {**base, WEIGHT: torch.tensor(1.0)}, forward=self.forward)]
         tasks += [
