@@ -34,37 +34,27 @@ use (its affinity mask, e.g. ``taskset``).
 from __future__ import annotations
 
 import argparse
-import csv
-import os
 import re
-import shlex
-import statistics
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
+from parity_common import (
+    ROOT,
+    Flag,
+    PlflSide,
+    Side,
+    add_arguments,
+    compare,
+    plfl_config,
+    print_table,
+    run_missing,
+)
 
 from plfl.config import load_config
-from plfl.cpus import default_threads
 from plfl.errors import PlflError
-from plfl.report.runs import read_report_run
-
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = ROOT.parent / "shared" / "data" / "fedala-mnist-dir0.1"
-
-
-@dataclass(frozen=True)
-class Flag:
-    """PFLlib's ``--name`` set from plfl's config ``key`` (through ``convert``, for keys counted differently)."""
-
-    name: str
-    key: str
-    convert: Callable[[object, DictConfig], object] = lambda value, cfg: value
-    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -324,20 +314,9 @@ def _same(echoed: dict[str, str], args: dict[str, str]) -> bool:
     return all(value(echoed.get(k)) == value(v) for k, v in args.items())
 
 
-class Side:
-    """One side's command, its output in the comparison's folder, and its per-seed accuracies."""
-
-    def __init__(self, command: list[str], cwd: Path, log: Path) -> None:
-        self.command, self.cwd, self.log = command, cwd, log
-
-    def start(self, threads: int) -> subprocess.Popen:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-        return subprocess.Popen(
-            self.command, cwd=self.cwd, env=env, stdout=self.log.open("w"), stderr=subprocess.STDOUT
-        )
-
-
 class PfllibSide(Side):
+    stop_when_complete = True  # PFLlib trains once more after its last evaluation
+
     def __init__(self, pfllib: Path, data: Path, dataset: str, args: dict[str, str], out: Path, pairing: Pairing):
         main = pfllib / "system" / "main.py"
         if not main.is_file():
@@ -382,41 +361,6 @@ class PfllibSide(Side):
         return runs
 
 
-class PlflSide(Side):
-    def __init__(self, config: Path, overrides: list[str], cfg: DictConfig, seeds: int, out: Path, column: str):
-        self.cfg, self.out, self.seeds, self.column = cfg, out / "plfl", seeds, column
-        plfl = str(Path(sys.executable).with_name("plfl"))
-        fits = [
-            shlex.join([plfl, "fit", "--config", str(config), *overrides, f"federation.seed={seed}"])
-            + f" output_dir={shlex.quote(str(self.out))} name=seed{seed} progress_bar=false checkpoint_every=0"
-            for seed in range(seeds)
-            if self._run_dir(seed) is None
-        ]
-        super().__init__(["bash", "-ec", "\n".join(fits)], ROOT, out / "plfl.log")
-
-    def accuracies(self) -> Optional[list[dict[int, float]]]:
-        """Per seed, round → accuracy (%); None unless each seed has a completed run of this config."""
-        runs = [self._run_dir(seed) for seed in range(self.seeds)]
-        if None in runs:
-            return None
-        return [{r: 100 * v for r, v in zip(*read_report_run(run).series(self.column))} for run in runs]
-
-    def _run_dir(self, seed: int) -> Optional[Path]:
-        """The newest completed run of ``seed`` with this config's data, model, method and federation (a key that
-        a run's config.yaml lacks, one added to plfl after it, counts as its default)."""
-        sections = ("data", "model", "method", "federation")
-        wanted = {s: OmegaConf.to_container(self.cfg[s]) for s in sections}
-        wanted["federation"]["seed"] = seed
-        wanted["federation"].pop("threads", None)  # each run records the thread count it chose
-        for summary in sorted((self.out / f"seed{seed}").glob("*/summary.json"), reverse=True):
-            config = load_config(summary.parent / "config.yaml")
-            saved = {s: OmegaConf.to_container(config[s]) for s in sections}
-            saved["federation"].pop("threads", None)
-            if saved == wanted and read_report_run(summary.parent).status == "completed":
-                return summary.parent
-        return None
-
-
 def _link_dataset(data: Path, target: Path) -> None:
     """PFLlib's reader wants ``train/{i}.npz``; FedALA's files are ``train/train{i}_.npz``: link either."""
     for split in ("train", "test"):
@@ -437,43 +381,9 @@ def _clients(data: Path) -> int:
     return count
 
 
-def summarize(seeds: list[dict[int, float]]) -> dict[int, tuple[float, float]]:
-    """Round → (mean, sample std; 0 for one seed) over the seeds that evaluated the round."""
-    rounds = sorted(set.intersection(*(set(s) for s in seeds)))
-    return {
-        r: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0)
-        for r in rounds
-        for v in [[s[r] for s in seeds]]
-    }
-
-
-def compare(plfl: list[dict[int, float]], pfllib: list[dict[int, float]], from_round: int) -> tuple[list[list], float]:
-    """Rows (round, plfl mean, std, PFLlib mean, std, gap in pp) and the largest |gap| from ``from_round`` on.
-
-    Raises:
-        PlflError: the two sides evaluated no round in common from ``from_round`` on.
-    """
-    a, b = summarize(plfl), summarize(pfllib)
-    rows = [[r, *a[r], *b[r], a[r][0] - b[r][0]] for r in sorted(a.keys() & b.keys())]
-    checked = [abs(row[-1]) for row in rows if row[0] >= from_round]
-    if not checked:
-        raise PlflError(f"plfl evaluated rounds {sorted(a)} and PFLlib {sorted(b)}: none in common from {from_round}.")
-    return rows, max(checked)
-
-
 def run(args: argparse.Namespace) -> int:
     pairing = METHODS[args.method]
-    config = ROOT / "configs" / f"{args.method}.yaml"
-    overrides = [
-        f"data.root={args.data.resolve()}",
-        "data.source=pfllib",
-        f"federation.rounds={args.rounds}",
-        *pairing.overrides,
-        *args.overrides,
-    ]
-    cfg = load_config(config, overrides)
-    if cfg.model.name != "cnn":
-        raise PlflError(f"model.name={cfg.model.name}: PFLlib's side is its CNN, so plfl's must be cnn.")
+    config, overrides, cfg = plfl_config(args, pairing.overrides)
     out = args.out or ROOT / "runs" / "pfllib-parity" / args.method
     out.mkdir(parents=True, exist_ok=True)
     sides = [
@@ -487,60 +397,19 @@ def run(args: argparse.Namespace) -> int:
             pairing,
         ),
     ]
-    _run_missing(sides)
+    run_missing(sides)
     plfl, pfllib = (side.accuracies() for side in sides)
     rows, largest = compare(plfl, pfllib, args.from_round)
-    _print(args, rows, largest, out)
+    heading = f"{args.method} ({pairing.algorithm} in PFLlib)"
+    print_table(args, heading, pairing.column, "PFLlib", rows, largest, out)
     return 1 if largest > args.tolerance else 0
-
-
-def _run_missing(sides: list[Side]) -> None:
-    missing = [side for side in sides if side.accuracies() is None]
-    threads = max(1, default_threads() // max(1, len(missing)))  # the idle CPUs this process may use
-    for side in missing:
-        print(f"running: {' '.join(side.command)}\n  (log: {side.log})", flush=True)
-    running = [(side, side.start(threads)) for side in missing]
-    while any(process.poll() is None for _, process in running):
-        for side, process in running:
-            # PFLlib trains once more after its last evaluation: stop it once every round is in.
-            if isinstance(side, PfllibSide) and process.poll() is None and side.accuracies() is not None:
-                process.terminate()
-        time.sleep(1)
-    for side, process in running:
-        if side.accuracies() is None:
-            tail = "".join(side.log.read_text(errors="replace").splitlines(keepends=True)[-15:])
-            raise PlflError(f"{side.log} did not finish (exit status {process.returncode}); its end:\n{tail}")
-
-
-def _print(args: argparse.Namespace, rows: list[list], largest: float, out: Path) -> None:
-    def cell(mean: float, std: float) -> str:
-        return f"{mean:.2f} ± {std:.2f}" if args.seeds > 1 else f"{mean:.2f}"
-
-    pairing = METHODS[args.method]
-    print(f"\n{args.method} ({pairing.algorithm} in PFLlib), {args.seeds} seed(s), data {args.data}\n")
-    print(f"| round | plfl {pairing.column} (%) | PFLlib (%) | plfl − PFLlib (pp) |\n| --- | --- | --- | --- |")
-    for r, a, sa, b, sb, gap in rows:
-        print(f"| {r} | {cell(a, sa)} | {cell(b, sb)} | {gap:+.2f} |")
-    with (out / "parity.csv").open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["round", "plfl", "plfl_std", "pfllib", "pfllib_std", "gap"])
-        writer.writerows([[r, *(f"{v:.4f}" for v in rest)] for r, *rest in rows])
-    print(f"\nlargest |gap| from round {args.from_round}: {largest:.2f} pp (tolerance {args.tolerance} pp)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pfllib", type=Path, help="root of a PFLlib checkout (it has system/main.py)")
-    parser.add_argument("--method", choices=sorted(METHODS), help="plfl's method name (configs/NAME.yaml)")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seeds", type=int, default=1, help="plfl seeds 0..K-1; PFLlib --times K")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="a federation in PFLlib's format")
     parser.add_argument("--dataset", default="MNIST", help="PFLlib's data set name (picks its CNN's input size)")
-    parser.add_argument("--tolerance", type=float, default=1.0, help="percentage points (default 1.0)")
-    parser.add_argument("--from-round", type=int, default=3, help="first round the tolerance applies to")
-    parser.add_argument("--out", type=Path, help="where both sides' output goes (runs/pfllib-parity/NAME)")
-    parser.add_argument("--mapping", action="store_true", help="print the flag table and exit")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="plfl config overrides")
+    add_arguments(parser, sorted(METHODS), "PFLlib (--times K)", "runs/pfllib-parity")
     args = parser.parse_args()
     try:
         if args.mapping:

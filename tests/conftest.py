@@ -35,7 +35,10 @@ FEDALA_MNIST = SHARED_DATA / "fedala-mnist-dir0.1"
 
 
 def load_script(path: Path) -> ModuleType:
-    """A script of ``benchmarks/`` (no package) as a module, registered under its file name."""
+    """A script of ``benchmarks/`` (no package) as a module, registered under its file name; its folder on
+    ``sys.path``, as ``python benchmarks/NAME.py`` has it, so that the scripts' shared modules import."""
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = sys.modules[path.stem] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
