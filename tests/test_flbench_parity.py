@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +136,53 @@ def test_reads_flbenchs_client_side_test_results():
 def test_docs_show_the_settings_table():
     page = (ROOT / "docs" / "explanation" / "fidelity.md").read_text()
     assert parity.mapping_table() in page
+
+
+# FL-bench's main.py as far as the script relies on it: it imports src.utils.constants (which the launcher has set
+# to PFLlib's normalisation), reads data/mnist beside its own file, and writes Hydra's overrides, main.log (its
+# test results, per round) and metrics.csv under ./out/<method>/<dataset>/<time>/ of the working folder.
+FAKE_MAIN = """
+import json, pickle, sys
+from pathlib import Path
+from src.utils import constants
+assert constants.DATA_MEAN["mnist"] == [0.5] and constants.DATA_STD["mnist"] == [0.5]
+here = Path(__file__).parent
+partition = pickle.loads((here / "data" / "mnist" / "partition.pkl").read_bytes())
+overrides = sys.argv[1:]
+args = dict(o.split("=", 1) for o in overrides)
+run = Path("out", args["method"], args["dataset.name"], "2026-01-01-00-00-00-" + args["common.seed"])
+(run / ".hydra").mkdir(parents=True)
+(run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\\n" for o in overrides))
+seed = int(args["common.seed"])
+results = {
+    str(r): {"all_clients": {"test": {"loss": "1.0 -> 0.0", "accuracy": f"{10 * r + seed}.50% -> 0.00%"}}}
+    for r in range(1, int(args["common.global_epoch"]) + 1)
+}
+log = "==================== FedAvg Experiment Results: ====================\\n" + json.dumps(results, indent=4)
+(run / "main.log").write_text(log + "\\n" + str(len(partition["data_indices"])) + " clients\\n")
+(run / "metrics.csv").write_text(f"epoch,accuracy_test_before,accuracy_test_after\\n0,{5 + seed}.25,50.0\\n")
+"""
+
+
+def test_runs_flbench_from_a_linked_root_and_reads_each_seed_once(tmp_path):
+    checkout = tmp_path / "FL-bench"
+    for folder in ("src/utils", "src/server", "config", "data/utils"):
+        (checkout / folder).mkdir(parents=True)
+    (checkout / "src" / "utils" / "constants.py").write_text('DATA_MEAN = {"mnist": [0.1307]}\nDATA_STD = {}\n')
+    (checkout / "main.py").write_text(FAKE_MAIN)
+    data = federation(tmp_path)
+    cfg = parity.load_config(ROOT / "configs" / "fedavg.yaml", ["federation.rounds=2"])
+    args = parity.flbench_args(cfg, parity.METHODS["fedavg"])
+    out = tmp_path / "out"
+    side = parity.FlbenchSide(checkout, Path(sys.executable), lambda: data, args, 2, out)
+    side.round_zero = True
+    assert side.accuracies() is None
+    assert side.start(1).wait() == 0, (out / "flbench.log").read_text()
+    assert side.accuracies() == [{0: 5.25, 1: 10.5, 2: 20.5}, {0: 6.25, 1: 11.5, 2: 21.5}]
+    assert (out / "flbench" / "root" / "src").resolve() == checkout / "src"
+    assert not (checkout / "data" / "mnist").exists()  # the checkout is left as it was
+    # Finished runs of the same settings are read, not run again; other settings are not taken for them.
+    again = parity.FlbenchSide(checkout, Path(sys.executable), lambda: data, args, 2, out)
+    assert "plfl_launch.py" not in " ".join(again.command)
+    other = parity.FlbenchSide(checkout, Path(sys.executable), lambda: data, {**args, "optimizer.lr": "0.1"}, 1, out)
+    assert other.accuracies() is None and "plfl_launch.py" in " ".join(other.command)
