@@ -101,16 +101,20 @@ def test_a_plfl_setting_flbench_cannot_follow_is_refused(tmp_path, capsys):
     assert "main.py does not exist: pass --flbench" in result.stderr
 
 
-MAIN_LOG = """==================== CFL Experiment Results: ====================
+# The end of FL-bench's main.log as rich writes it: lines padded to 80 columns, long ones wrapped.
+MAIN_LOG = "\n".join(
+    line.ljust(80)
+    for line in """==================== CFL Experiment Results: ====================
 Display format: (before local fine-tuning) -> (after local fine-tuning)
  So if finetune_epoch = 0, x.xx% -> 0.00% is normal.
- Centralized testing ONLY happens after model aggregation, so the stats between '->' are the same.
+ Centralized testing ONLY happens after model aggregation, so the stats between
+'->' are the same.
 {
     "1": {
         "all_clients": {
             "test": {
-                "loss": "0.5000 -> 0.0000",
-                "accuracy": "81.25% -> 0.00%"
+                "loss": "2.2342 -> 0.0000",
+                "accuracy": "19.85% -> 0.00%"
             }
         }
     },
@@ -124,11 +128,13 @@ Display format: (before local fine-tuning) -> (after local fine-tuning)
     }
 }
 ==================== CFL Max Accuracy ====================
-"""
+all_clients:
+(test) before fine-tuning: 90.50% at epoch 2""".splitlines()
+)
 
 
 def test_reads_flbenchs_client_side_test_results():
-    assert parity.read_test_results(MAIN_LOG) == {1: 81.25, 2: 90.5}
+    assert parity.read_test_results(MAIN_LOG) == {1: 19.85, 2: 90.5}
     assert parity.read_test_results(MAIN_LOG.split('"2"')[0]) == {}  # not finished printing
     assert parity.read_test_results("==== CFL ====\n") == {}
 
