@@ -39,6 +39,19 @@ model) has no such test in FL-bench; for methods whose clients evaluate the rece
 (``Pairing.round_zero``) it is read from round 1's client-side evaluation before local training (``metrics.csv``,
 ``accuracy_test_before`` of epoch 0), which covers the clients sampled in round 1: all when the join ratio is 1.
 
+Differences that remain (each pairing's note; ``--mapping``): FL-bench's CFL averages a cluster's updates, and takes
+the ε1 test's mean update, with equal weights, as the authors' code does; plfl weights them by training samples, as
+the paper. Before its first split (``method.warmup_rounds``) CFL is FedAvg, with equal weights in FL-bench: on
+FedALA's unbalanced MNIST federation (499 to 6,189 samples a client) FL-bench's CFL is 12.6 points below plfl's at
+round 3 and 5.0 at round 5 (one seed), while FL-bench's FedAvg, weighted by samples, is within 0.6 points of plfl's
+CFL at rounds 3 to 5. FL-bench's FedAS averages the whole model, the head too, and every client starts its alignment
+and training from the global head: it has no personal head (plfl's and PFLlib's FedAS keep each client's head); its
+alignment loss is the squared distance of each class's batch mean feature to the class prototype (plfl: the mean
+over the class's samples of each one's squared distance), on the training batches (plfl's
+``method.align_batch_size`` is set to the batch size). Its accuracy is within a point of plfl's all the same (0.84
+at round 3, 0.15 at round 5, one seed): both evaluate each client's model after its local training, which fits the
+head to its classes.
+
 Seeds: plfl runs ``federation.seed`` 0..K−1, FL-bench ``common.seed`` 0..K−1, one process per seed
 (``DIR/flbench/seed<s>``). FL-bench seeds Python, NumPy and torch once; the two sides' batch orders and client
 orders differ. Prints a Markdown table: round, plfl and FL-bench in % (mean ± sample std over seeds), plfl −
