@@ -98,6 +98,16 @@ def test_a_cluster_moves_by_the_sample_weighted_mean_update_and_splits_only_past
         torch.testing.assert_close(method.models[k][0], v + 3.0)
 
 
+def test_equal_update_weights_move_a_cluster_by_the_plain_mean_and_test_its_norm(tiny_federation):
+    method, _, initial = make_method(tiny_federation, update_weights="equal", warmup_rounds=5)
+    messages = updates_along(initial, [1.0, 2.0, 3.0, 4.0])  # sizes 10, 20, 30, 40, ignored: mean 2.5
+    method.aggregate(messages, 1)
+    for k, v in initial.items():
+        torch.testing.assert_close(method.models[k][0], v + 2.5)
+    parameters = sum(v.numel() for _, v in method.context.architecture.named_parameters())
+    assert method.update_rows[0]["mean_update_norm"] == pytest.approx(2.5 * parameters**0.5)
+
+
 def test_a_split_cluster_moves_each_half_by_its_own_updates(tiny_federation):
     method, _, initial = make_method(tiny_federation, warmup_rounds=0, eps1=10.0, eps2=0.0, gamma_max=0.5)
     keys = method.parameter_names

@@ -39,16 +39,16 @@ similarity of its bipartition when it was tested and whether it split; the metri
 
 Departures from the paper or its code: the norms and similarities are over the model's parameters
 (``named_parameters``, as the authors' code flattens them), not its buffers; the clusters' updates move every
-floating-point tensor. The mean update of the ε1 test and the aggregation are sample-size weighted, as the paper's
-(the authors' code: plain means). The code decays each client's learning rate by 0.99 a round; plfl keeps
-``federation.lr``. A split cluster keeps its index for the half holding its lowest client id and the other half takes
-the next free index; the authors' code takes a split's positions within the cluster for client ids, which is right
-only for the first split. A cluster
-is tested for a split only in a round in which all its clients uploaded (``federation.join_ratio`` < 1 or dropped
-clients postpone it): the bipartition needs every client's update. The paper places a new client by descending the
-tree of splits with its update; plfl has no model for a client that never took part (``federation.unseen_clients``
-is refused). CFL takes no ``method.ala``: its similarities are of updates from the cluster's model, which ALA's
-local initialisation would offset per client.
+floating-point tensor. The mean update of the ε1 test and the aggregation are sample-size weighted, as the paper's;
+``method.update_weights=equal`` takes the authors' code's plain means (and FL-bench's). The code decays each
+client's learning rate by 0.99 a round; plfl keeps ``federation.lr``. A split cluster keeps its index for the half
+holding its lowest client id and the other half takes the next free index; the authors' code takes a split's
+positions within the cluster for client ids, which is right only for the first split. A cluster is tested for a
+split only in a round in which all its clients uploaded (``federation.join_ratio`` < 1 or dropped clients postpone
+it): the bipartition needs every client's update. The paper places a new client by descending the tree of splits
+with its update; plfl has no model for a client that never took part (``federation.unseen_clients`` is refused). CFL
+takes no ``method.ala``: its similarities are of updates from the cluster's model, which ALA's local initialisation
+would offset per client.
 """
 
 from __future__ import annotations
@@ -107,6 +107,12 @@ class CFLConfig(MethodConfig):
     )
     min_cluster_size: int = checked(
         3, lambda v: v >= 2, "an integer >= 2", "only clusters of at least this many clients are split (the code's 3)"
+    )
+    update_weights: str = one_of(
+        "samples",
+        ("samples", "equal"),
+        "the weights of a cluster's updates in its mean (ε1 test and aggregation): the clients' training samples, as "
+        "the paper, or equal, as the authors' code",
     )
 
 
@@ -222,9 +228,9 @@ class CFL(Method):
             uploads = [i for i in members if i in messages]
             if not uploads:
                 continue
-            sizes = [self.context.data.clients[i].num_train for i in uploads]
+            weights = self.update_weights(uploads)
             flat = torch.stack([flat_parameters(messages[i], self.parameter_names) for i in uploads])
-            mean_norm, max_norm = update_norms(flat, sizes)
+            mean_norm, max_norm = update_norms(flat, weights)
             row = {"cluster": c, "clients": len(members), "uploads": len(uploads)}
             row.update(mean_update_norm=mean_norm, max_update_norm=max_norm, cross_similarity=None, split=0)
             moved[c] = uploads
@@ -250,12 +256,17 @@ class CFL(Method):
         index = torch.tensor(parents, dtype=torch.long)
         models = {k: torch.cat([v, v[index]]) for k, v in self.models.items()}  # new tensors, θ_c for each half
         for c, uploads in moved.items():
-            sizes = [self.context.data.clients[i].num_train for i in uploads]
-            mean = weighted_average([messages[i] for i in uploads], sizes)
+            mean = weighted_average([messages[i] for i in uploads], self.update_weights(uploads))
             for k, v in mean.items():
                 models[k][c] = models[k][c] + v if v.is_floating_point() else v
         self.models, self.clusters = models, clusters
         self.global_params = self.models
+
+    def update_weights(self, clients: list[int]) -> list[float]:
+        """The weights of ``clients``' updates in their cluster's mean (``method.update_weights``), unnormalised."""
+        if self.config.update_weights == "equal":
+            return [1.0] * len(clients)
+        return [float(self.context.data.clients[i].num_train) for i in clients]
 
     def new_client_model(self, round_: int) -> Optional[Params]:
         """None: the paper places a new client by its update down the tree of splits, which plfl does not keep."""
