@@ -40,14 +40,13 @@ model) has no such test in FL-bench; for methods whose clients evaluate the rece
 ``accuracy_test_before`` of epoch 0), which covers the clients sampled in round 1: all when the join ratio is 1.
 
 Differences that remain (each pairing's note; ``--mapping``): FL-bench's CFL averages a cluster's updates, and takes
-the ε1 test's mean update, with equal weights, as the authors' code does; plfl weights them by training samples, as
-the paper. Before its first split (``method.warmup_rounds``) CFL is FedAvg, with equal weights in FL-bench: on
-FedALA's unbalanced MNIST federation (499 to 6,189 samples a client) FL-bench's CFL is 12.6 points below plfl's at
-round 3 and 5.0 at round 5 (one seed), while FL-bench's FedAvg, weighted by samples, is within 0.6 points of plfl's
-CFL at rounds 3 to 5. FL-bench's FedAS averages the whole model, the head too, and every client starts its alignment
-and training from the global head: it has no personal head (plfl's and PFLlib's FedAS keep each client's head); its
-alignment loss is the squared distance of each class's batch mean feature to the class prototype (plfl: the mean
-over the class's samples of each one's squared distance), on the training batches (plfl's
+the ε1 test's mean update, with equal weights, as the authors' code does; plfl's side takes them,
+``method.update_weights=equal`` (plfl's default weights them by training samples, as the paper; on FedALA's
+unbalanced MNIST federation, 499 to 6,189 samples a client, the two weightings differ by up to 12.6 points in the
+rounds before a split, where CFL is FedAvg). FL-bench's FedAS averages the whole model, the head too, and every
+client starts its alignment and training from the global head: it has no personal head (plfl's and PFLlib's FedAS
+keep each client's head); its alignment loss is the squared distance of each class's batch mean feature to the class
+prototype (plfl: the mean over the class's samples of each one's squared distance), on the training batches (plfl's
 ``method.align_batch_size`` is set to the batch size). Its accuracy is within a point of plfl's all the same (0.84
 at round 3, 0.15 at round 5, one seed): both evaluate each client's model after its local training, which fits the
 head to its classes.
@@ -181,9 +180,8 @@ METHODS = {
         requires=(
             ("method.linkage", "complete", "FL-bench bipartitions by complete linkage"),
             ("method.gamma_max", 0.0, "FL-bench has no γ test"),
+            ("method.update_weights", "equal", "FL-bench averages a cluster's updates with equal weights"),
         ),
-        note="FL-bench averages a cluster's updates, and takes the ε1 test's mean update, with equal weights (the "
-        "authors' code); plfl weights them by training samples, as the paper",
     ),
     "fedas": Pairing(
         "fedas",
@@ -197,8 +195,6 @@ METHODS = {
     "fedem": Pairing(
         "fedem",
         (Flag("++fedem.n_learners", "method.components"),),
-        note="inferred from FL-bench alone: plfl's key to be checked",
-        checked=False,
     ),
     "knnper": Pairing(
         "knnper",
@@ -212,8 +208,7 @@ METHODS = {
             ("method.interpolate", "logits", "FL-bench mixes the kNN probabilities with the model's logits"),
             ("method.weight_grid", [], "FL-bench takes knnper.weight as it is"),
         ),
-        note="inferred from FL-bench alone: plfl's keys to be checked; FL-bench's kNN-Per needs faiss",
-        checked=False,
+        note="FL-bench's kNN-Per needs faiss (faiss-cpu) in its environment",
     ),
 }
 
