@@ -208,7 +208,9 @@ METHODS = {
             ("method.interpolate", "logits", "FL-bench mixes the kNN probabilities with the model's logits"),
             ("method.weight_grid", [], "FL-bench takes knnper.weight as it is"),
         ),
-        note="FL-bench's kNN-Per needs faiss (faiss-cpu) in its environment",
+        note="FL-bench's kNN-Per needs faiss (faiss-cpu) in its environment; its round-1 evaluation before training "
+        "is the model's alone, without the datastore",
+        round_zero=False,
     ),
 }
 
