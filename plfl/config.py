@@ -31,7 +31,7 @@ from plfl.executors.options import ClientWorkOptions, ExecutorOptions, Ray, Vect
 from plfl.fields import Component, allowed, as_yaml, checked, default_of, documented, key_names, one_of, readers
 from plfl.methods import method_class, source_config_class
 from plfl.models import ModelConfig, models
-from plfl.sections import EvalConfig, FederationConfig, TrainerConfig
+from plfl.sections import AggregationConfig, AttackConfig, EvalConfig, FederationConfig, TrainerConfig
 
 LOGGERS = ("csv", "wandb", "none")
 # Sections a ``SECTION=NAME`` override replaces with the defaults of the component NAME (the method, the model).
@@ -91,6 +91,8 @@ class ExperimentConfig:
     )
     federation: FederationConfig = field(default_factory=FederationConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
     vectorized: Vectorized = field(default_factory=Vectorized)
     ray: Ray = field(default_factory=Ray)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -196,6 +198,7 @@ def _check_parts(config: ExperimentConfig) -> None:
     else:
         _chosen("data", data, "partition", partitions())
     _chosen("model", config.model, "name", models())
+    _check_robustness(config)
     federation = config.federation
     if federation.local_epochs is not None and federation.local_steps is not None:
         raise ConfigError(
@@ -232,6 +235,40 @@ def _check_parts(config: ExperimentConfig) -> None:
             f"trainer.accelerator={config.trainer.accelerator} with federation.executor=ray needs "
             "GPUs for the actors: set ray.num_gpus_per_actor (e.g. 0.5 for two actors per GPU)."
         )
+
+
+def _check_robustness(config: ExperimentConfig) -> None:
+    """``attack.*`` and ``aggregation.*``: an attack needs malicious clients and malicious clients an attack; a
+    key that the chosen rule or attack does not read holds its default.
+
+    Raises:
+        ConfigError: naming the key and the fix.
+    """
+    attack = config.attack
+    if (attack.kind == "none") != (attack.fraction == 0):
+        raise ConfigError(
+            f"attack.kind={attack.kind} with attack.fraction={attack.fraction}: an attack needs malicious clients "
+            "and malicious clients an attack. Set both (e.g. attack.kind=sign_flip attack.fraction=0.2) or neither."
+        )
+    readers = {
+        "attack.scale": ("sign_flip", "scale"),
+        "attack.noise_std": ("gaussian",),
+        "aggregation.trim": ("trimmed_mean",),
+        "aggregation.byzantine": ("krum", "multi_krum"),
+        "aggregation.selected": ("multi_krum",),
+        "aggregation.max_norm": ("norm_bound",),
+    }
+    for key, users in readers.items():
+        section_name, name = key.split(".")
+        section = getattr(config, section_name)
+        chosen = section.kind if section_name == "attack" else section.rule
+        f = next(f for f in dataclasses.fields(section) if f.name == name)
+        if chosen not in users and getattr(section, name) != default_of(f):
+            choice = "attack.kind" if section_name == "attack" else "aggregation.rule"
+            raise ConfigError(
+                f"{key}={as_yaml(getattr(section, name))} is read only by {choice}={' or '.join(users)}, not by "
+                f"{choice}={chosen}. Remove {key} (or set {choice}={users[0]})."
+            )
 
 
 def _chosen(section: str, values: Any, key: str, components: dict[str, type[Component]]) -> Component:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
+from plfl.attacks import Attack, check_attack, flip_labels
 from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, RunStart, WandbRun
 from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
@@ -23,7 +24,7 @@ from plfl.federation import FederationLoop
 from plfl.methods import build_method, method_class
 from plfl.methods.base import FederationContext
 from plfl.models import models
-from plfl.seeding import unseen_clients
+from plfl.seeding import malicious_clients, unseen_clients
 from plfl.state import ClientStateStore
 from plfl.system import SystemSimulation
 
@@ -74,9 +75,16 @@ def run_experiment(
     participants, unseen = hold_out(
         data, unseen_clients(config.federation.seed, len(data.clients), config.federation.unseen_clients)
     )
+    attack = None
+    if config.attack.kind != "none":  # before the method and the executors see the participants' data
+        malicious = malicious_clients(config.federation.seed, len(participants.clients), config.attack.fraction)
+        attack = Attack(config.attack, malicious, config.federation.seed)
+        if config.attack.kind == "label_flip":
+            participants = flip_labels(participants, malicious)
     store = ClientStateStore(len(participants.clients))
-    context = FederationContext(participants, store, config.federation, model, config.data.augment)
+    context = FederationContext(participants, store, config.federation, model, config.data.augment, config.aggregation)
     method = build_method(config.method, context, initial_params)
+    check_attack(config.attack, method.name, method.uploads_model)
     if unseen and method.new_client_model(0) is None:
         raise ConfigError(
             f"method.name={method.name} has no model for a client that never took part, so it cannot evaluate "
@@ -98,7 +106,9 @@ def run_experiment(
         run = RunInfo(cfg, run_dir, len(participants.clients), sum(p.numel() for p in model.parameters()))
         if config.federation.state_offload:
             context.store.offload(run_dir / "client-state")
-        loop = FederationLoop(method, context, executor, [], run, unseen, config.eval.finetune_epochs, simulation)
+        loop = FederationLoop(
+            method, context, executor, [], run, unseen, config.eval.finetune_epochs, simulation, attack
+        )
         if checkpoint is not None:
             loop.load_state_dict(checkpoint)
             del checkpoint  # with state_offload, its copy of the store would stay in memory all run

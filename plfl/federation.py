@@ -24,6 +24,10 @@ receives ``Method.new_client_model``, fine-tuned on its own training split for
 ``eval.finetune_epochs`` epochs, and is tested on its test split; the model is
 discarded after the test, so each evaluation is a fresh join.
 
+Poisoned clients (``attack.*``, :mod:`plfl.attacks`): a malicious client's upload is changed after
+``client_message`` by a model attack, relative to the message it received at the broadcast; clients.csv marks
+the malicious clients (``malicious``) and the summary lists them (``malicious_clients``).
+
 The per-client work of each phase (training with ``post_train``, the
 broadcast's ``pre_local_init``, evaluation) goes through one executor
 (:mod:`plfl.executors`); the loop keeps the books and the store. The server's
@@ -41,6 +45,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from plfl.activity import current as activity
+from plfl.attacks import Attack
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
 from plfl.data.federated import ClientData
 from plfl.errors import FederationError, PlflError, PlflWarning
@@ -80,6 +85,7 @@ class FederationLoop:
         unseen: Sequence[ClientData] = (),
         finetune_epochs: int = 0,
         system: Optional[SystemSimulation] = None,
+        attack: Optional[Attack] = None,
     ):
         self.method = method
         self.context = context
@@ -94,6 +100,7 @@ class FederationLoop:
         self.unseen = list(unseen)  # the unseen clients' data: executor ids num_clients, num_clients + 1, ...
         self.finetune_epochs = finetune_epochs
         self.system = system  # simulated client systems (federation.system): dropout, deadline, simulated time
+        self.attack = attack  # poisoned clients (attack.*): their uploads change after client_message
 
     @property
     def num_clients(self) -> int:
@@ -191,6 +198,8 @@ class FederationLoop:
                 continue
             store.set(client_id, "model", result.params)
             message = method.client_message(client_id, result, round_)
+            if self.attack is not None:
+                message = self.attack.message(method.name, client_id, message, self.received.get(client_id), round_)
             if system is not None:
                 arrival = system.arrival(client_id, down[client_id], processed, nbytes(message))
                 status = "late" if system.late(arrival) else "partial" if cut else "full"
@@ -353,6 +362,8 @@ class FederationLoop:
                 row.update(num_val=v.total, val_correct=v.correct, val_accuracy=v.accuracy, val_loss=v.loss)
             if global_results:
                 row.update(global_correct=global_results[i].correct, global_accuracy=global_results[i].accuracy)
+            if self.attack is not None:
+                row["malicious"] = i in self.attack.malicious
             rows.append(row)
         return metrics, rows
 
@@ -440,6 +451,8 @@ class FederationLoop:
             "num_parameters": self.run_info.num_parameters,
             "client_failures": self.failures,  # {round, client, reason}; metrics.csv counts them per round
         }
+        if self.attack is not None:
+            summary["malicious_clients"] = sorted(self.attack.malicious)
         if self.system is not None:
             for key in ("dropped_clients", "late_clients", "partial_clients"):  # client-rounds, all rounds
                 summary[key] = sum(r.metrics.get(key, 0) for r in self.history)

@@ -165,6 +165,67 @@ class EvalConfig:
     )
 
 
+AGGREGATION_RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound")
+ATTACKS = ("none", "label_flip", "sign_flip", "scale", "gaussian")
+
+
+@dataclass
+class AggregationConfig:
+    """How the server combines the client models it averages (``aggregation.*``): the weighted mean, or a rule
+    robust to Byzantine clients (:mod:`plfl.robust`). Methods that aggregate by other means refuse every rule but
+    ``mean``."""
+
+    rule: str = one_of(
+        "mean",
+        AGGREGATION_RULES,
+        "mean: the sample-weighted mean; median, trimmed_mean: coordinate-wise (Yin et al., ICML 2018); krum, "
+        "multi_krum: the model(s) closest to their neighbours (Blanchard et al., NeurIPS 2017); norm_bound: each "
+        "update clipped to aggregation.max_norm, then the weighted mean (Sun et al., 2019)",
+    )
+    trim: float = checked(
+        0.1,
+        lambda v: 0 <= v < 0.5,
+        "a number in [0, 0.5)",
+        "trimmed_mean: the fraction β of the clients' values dropped at each end of every coordinate",
+    )
+    byzantine: int = checked(
+        1, lambda v: v >= 0, "an integer >= 0", "krum, multi_krum: f, the number of Byzantine clients assumed"
+    )
+    selected: int = checked(
+        2, lambda v: v >= 1, "an integer >= 1", "multi_krum: m, the number of best-scored models averaged"
+    )
+    max_norm: float = checked(
+        1.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "norm_bound: M, the largest L2 norm of a client's update θ_i − θ_sent (over every floating-point tensor)",
+    )
+
+
+@dataclass
+class AttackConfig:
+    """Poisoned clients (``attack.*``): a share of the participating clients, drawn once from the seed, that lie
+    (:mod:`plfl.attacks`)."""
+
+    kind: str = one_of(
+        "none",
+        ATTACKS,
+        "none; label_flip: the malicious clients train on labels y → C − 1 − y; sign_flip, scale: they send "
+        "θ_sent − λu or θ_sent + λu for their update u = θ_i − θ_sent; gaussian: θ_sent + N(0, σ²) noise",
+    )
+    fraction: float = checked(
+        0.0,
+        lambda v: 0 <= v < 1,
+        "a number in [0, 1)",
+        "the share of the participating clients that are malicious (rounded, at least 1 when above 0), chosen by "
+        "federation.seed",
+    )
+    scale: float = checked(
+        1.0, lambda v: v > 0, "a number > 0", "sign_flip, scale: λ, the factor of the malicious update"
+    )
+    noise_std: float = checked(1.0, lambda v: v > 0, "a number > 0", "gaussian: σ, the noise's standard deviation")
+
+
 @dataclass
 class TrainerConfig:
     """Options passed to the one Lightning ``Trainer`` (``trainer.*``)."""

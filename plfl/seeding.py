@@ -80,6 +80,15 @@ def unseen_clients(seed: int, num_clients: int, unseen: float) -> list[int]:
     return sorted(rng.choice(num_clients, size=count, replace=False).tolist())
 
 
+def malicious_clients(seed: int, num_clients: int, fraction: float) -> frozenset[int]:
+    """The ids of the malicious clients (``attack.fraction``): ``round(fraction · num_clients)`` of the
+    ``num_clients``, at least 1 when ``fraction`` > 0 (none for 0), drawn from the stream ``"malicious_clients"``
+    of ``seed``."""
+    count = 0 if fraction == 0 else max(1, round(fraction * num_clients))
+    rng = np.random.default_rng(derive_seed(seed, 0, -1, "malicious_clients"))
+    return frozenset(rng.choice(num_clients, size=count, replace=False).tolist())
+
+
 def clients_per_round(num_clients: int, join_ratio: float) -> int:
     """How many clients train in a round: ``max(1, int(join_ratio · num_clients))``."""
     return max(1, int(join_ratio * num_clients))

@@ -37,8 +37,8 @@ def error_of(*overrides, path=QUICKSTART) -> str:
         ("method.eta_=2", "Unknown config key 'method.eta_'. Did you mean 'method.eta'?"),
         (
             "bogus=1",
-            "Unknown config key 'bogus'. Valid keys in the top level: checkpoint_every, data, eval, federation, "
-            "keep_checkpoints, logger, method, model,",
+            "Unknown config key 'bogus'. Valid keys in the top level: aggregation, attack, checkpoint_every, data, "
+            "eval, federation, keep_checkpoints, logger, method, model,",
         ),
         ("federation.rounds=abc", "Config key 'federation.rounds' has a value of the wrong type"),
         (

@@ -139,6 +139,7 @@ class APPLE(Method):
     """
 
     name = "apple"
+    not_averaging = "mixes the clients' downloaded core models per client with learned weights"
     config_class = APPLEConfig
     server_state = ("cores",)
 

@@ -24,7 +24,7 @@ hyperparameter) beside its class, which names it once (``name``) and points at t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 import torch
@@ -33,7 +33,9 @@ from torch import nn
 from plfl.errors import ConfigError
 from plfl.fields import documented
 from plfl.plots import Plot
-from plfl.seeding import derive_seed
+from plfl.robust import robust_average
+from plfl.sections import AggregationConfig
+from plfl.seeding import clients_per_round, derive_seed
 from plfl.state import ClientStateStore, Params
 from plfl.tasks import Forward, Step, StepTask, TrainResult, TrainTask, Work
 
@@ -52,13 +54,15 @@ class MethodConfig:
 @dataclass
 class FederationContext:
     """What a method may use: the clients' data, their state store, the run's ``federation.*`` options, the
-    architecture, and whether the executors augment training batches (``data.augment``)."""
+    architecture, whether the executors augment training batches (``data.augment``) and the rule that
+    :meth:`Method.average` follows (``aggregation.*``)."""
 
     data: FederatedData
     store: ClientStateStore
     federation: FederationConfig
     architecture: nn.Module  # the clients' model: its structure; its weights are not the global model
     augment: bool = False
+    aggregation: AggregationConfig = field(default_factory=AggregationConfig)
 
 
 def require_plain_steps(method: str, context: FederationContext, steps: str) -> None:
@@ -113,6 +117,12 @@ class Method:
     matrix_options: ClassVar[dict[str, Any]] = {}
     # What plfl report draws of this method's round_metrics and round_tables, beside every run's figures.
     figures: ClassVar[tuple[Plot, ...]] = ()
+    # Why ``aggregate`` does not average client models through :meth:`average`, said when ``aggregation.rule`` is
+    # not mean; None: it does, and takes every rule.
+    not_averaging: ClassVar[Optional[str]] = "its aggregate does not average client models"
+    # Whether the upload is a model (or part of one) beside the received one, which model attacks
+    # (attack.kind: sign_flip, scale, gaussian) can change; False: other tensors with the same names.
+    uploads_model: ClassVar[bool] = True
 
     @classmethod
     def client_network(cls, model: nn.Module) -> nn.Module:
@@ -126,6 +136,17 @@ class Method:
         self.context = context
         self.store = context.store
         self.global_params = initial_params
+        check_aggregation(self.name, self.not_averaging, context)
+
+    def average(self, states: list[Params], weights: list[float], sent: Params) -> Params:
+        """The clients' models ``states`` combined by ``aggregation.rule`` (:func:`plfl.robust.robust_average`):
+        the weighted mean Σ_i w_i θ_i / Σ_i w_i by default. ``weights``: one per state (e.g. training samples);
+        ``sent``: the model the clients started from (the same keys), the reference of norm bounding's updates.
+
+        Raises:
+            ValueError: a round with too few models for the rule (e.g. Krum's n > 2f + 2, after failures).
+        """
+        return robust_average(states, weights, sent, self.context.aggregation)
 
     def server_message(self, client_id: int, round_: int) -> Optional[Params]:
         """What the server sends client ``client_id`` at the broadcast of ``round_`` (None: nothing is sent);
@@ -247,6 +268,33 @@ class Method:
     @property
     def seed(self) -> int:
         return self.context.federation.seed
+
+
+def check_aggregation(method: str, not_averaging: Optional[str], context: FederationContext) -> None:
+    """Refuse an ``aggregation.rule`` that ``method`` cannot follow (``not_averaging``: why its aggregate does not
+    average client models), or that a round's sampled clients are too few for.
+
+    Raises:
+        ConfigError: naming the method, the reason and the fix.
+    """
+    rule = context.aggregation
+    if rule.rule == "mean":
+        return
+    if not_averaging is not None:
+        raise ConfigError(
+            f"aggregation.rule={rule.rule} replaces the mean of client models, but {method} {not_averaging}. "
+            "Set aggregation.rule=mean, or choose a method that averages client models (fedavg and the methods "
+            "built on it)."
+        )
+    sampled = clients_per_round(len(context.data.clients), context.federation.join_ratio)
+    least = {"krum": 2 * rule.byzantine + 3, "multi_krum": max(2 * rule.byzantine + 3, rule.selected)}.get(rule.rule, 1)
+    if sampled < least:
+        raise ConfigError(
+            f"aggregation.rule={rule.rule} with aggregation.byzantine={rule.byzantine}"
+            + (f" and aggregation.selected={rule.selected}" if rule.rule == "multi_krum" else "")
+            + f" needs at least {least} clients per round (Krum's n > 2f + 2), but a round samples {sampled}. "
+            "Lower aggregation.byzantine (or aggregation.selected), or raise federation.join_ratio."
+        )
 
 
 def numel(message: Optional[Params]) -> int:

@@ -66,8 +66,8 @@ from scipy.spatial.distance import squareform
 from plfl.fields import checked, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.clusters import ASSIGNMENTS_HEATMAP, assignments_table
-from plfl.methods.fedavg import weighted_average
 from plfl.plots import Panel, Panels
+from plfl.robust import weighted_average
 from plfl.state import Params
 from plfl.tasks import TrainResult, Work
 
@@ -173,6 +173,7 @@ class CFL(Method):
     """
 
     name = "cfl"
+    not_averaging = "splits clusters by the norms of the clients' updates and averages updates within each"
     config_class = CFLConfig
     server_state = ("models", "clusters")
     # Splits from the first round on, down to clusters of one client (every round tests and splits on 5 clients).

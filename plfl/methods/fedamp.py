@@ -91,6 +91,7 @@ class FedAMP(Method):
     """
 
     name = "fedamp"
+    not_averaging = "builds each client's cloud model from attention weights over the uploads"
     config_class = FedAMPConfig
     server_state = ("global_params", "models", "xi")
 

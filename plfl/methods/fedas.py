@@ -66,10 +66,10 @@ from torch.func import grad_and_value
 from plfl.errors import ConfigError, PlflWarning
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, MethodConfig
-from plfl.methods.fedavg import weighted_average
 from plfl.methods.partial import PartialSharing, module_keys
 from plfl.methods.prototypes import class_sums, local_prototypes, prototype_table
 from plfl.models import BodyHeadModel
+from plfl.robust import weighted_average
 from plfl.seeding import sample_clients
 from plfl.state import Params
 from plfl.tasks import (
@@ -193,6 +193,7 @@ class FedAS(PartialSharing):
     """
 
     name = "fedas"
+    not_averaging = "weights the bodies by their Fisher information, which a robust rule would drop"
     config_class = FedASConfig
     # The executor matrix: clients left out of rounds, short last batches of local training and of alignment.
     matrix_options = {"federation.join_ratio": 0.6, "federation.batch_size": 7, "method.align_batch_size": 6}

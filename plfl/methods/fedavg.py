@@ -7,7 +7,10 @@ from typing import Optional
 
 from plfl.methods.ala import ALAConfig
 from plfl.methods.base import Method, MethodConfig
+from plfl.robust import weighted_average
 from plfl.state import Params
+
+__all__ = ["FedAvg", "FedAvgConfig", "weighted_average"]
 
 
 @dataclass
@@ -23,24 +26,6 @@ class FedAvgConfig(MethodConfig):
     )
 
 
-def weighted_average(states: list[Params], weights: list[float]) -> Params:
-    """Σ_i w_i θ_i / Σ_i w_i per tensor; integer buffers (e.g. BatchNorm's counter) come from the first state.
-
-    Raises:
-        ValueError: no states, or weights that do not sum to a positive number.
-    """
-    total = float(sum(weights))
-    if not states or total <= 0:
-        raise ValueError(f"cannot average {len(states)} states with weights summing to {total}")
-    averaged = {}
-    for key, first in states[0].items():
-        if first.is_floating_point():
-            averaged[key] = sum(w / total * s[key] for w, s in zip(weights, states))
-        else:
-            averaged[key] = first.clone()
-    return averaged
-
-
 class FedAvg(Method):
     r"""FedAvg (McMahan et al., AISTATS 2017): sample-size weighted average of client models.
 
@@ -50,6 +35,7 @@ class FedAvg(Method):
 
     name = "fedavg"
     config_class = FedAvgConfig
+    not_averaging = None
     # The executor matrix: SGD momentum and short last batches (n mod 7 ≠ 0).
     matrix_options = {"federation.momentum": 0.5, "federation.batch_size": 7}
 
@@ -58,5 +44,6 @@ class FedAvg(Method):
         return self.global_params
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
+        """Θ^t ← the uploads' mean weighted by training samples (or ``aggregation.rule``, :meth:`average`)."""
         sizes = [self.context.data.clients[i].num_train for i in messages]
-        self.global_params = weighted_average(list(messages.values()), sizes)
+        self.global_params = self.average(list(messages.values()), sizes, self.global_params)

@@ -10,7 +10,7 @@ BatchNorm's counter) are taken from the first upload, as FedAvg takes them.
 
 from __future__ import annotations
 
-from plfl.methods.fedavg import FedAvg, weighted_average
+from plfl.methods.fedavg import FedAvg
 from plfl.state import Params
 
 
@@ -23,4 +23,4 @@ class FedAvgE(FedAvg):
     name = "fedavg_e"
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
-        self.global_params = weighted_average(list(messages.values()), [1.0] * len(messages))
+        self.global_params = self.average(list(messages.values()), [1.0] * len(messages), self.global_params)

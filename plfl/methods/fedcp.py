@@ -63,7 +63,6 @@ from torch.func import grad
 
 from plfl.fields import checked, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig, require_linear_head, require_plain_steps
-from plfl.methods.fedavg import weighted_average
 from plfl.methods.partial import module_keys
 from plfl.seeding import derive_seed
 from plfl.state import Params
@@ -249,6 +248,7 @@ class FedCP(Method):
     """
 
     name = "fedcp"
+    not_averaging = None
     config_class = FedCPConfig
     server_state = ("global_params", "uploaders", "upload_round")
     matrix_options = {"federation.batch_size": 7}  # short last batches: padding in the vectorized steps
@@ -342,7 +342,7 @@ class FedCP(Method):
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         """Feature extractor, global head and CPN ← the uploads' means weighted by the clients' training
-        samples."""
+        samples (or ``aggregation.rule``, :meth:`average`)."""
         sizes = [self.context.data.clients[i].num_train for i in messages]
-        self.global_params = weighted_average(list(messages.values()), sizes)
+        self.global_params = self.average(list(messages.values()), sizes, self.global_params)
         self.uploaders, self.upload_round = sorted(messages), round_

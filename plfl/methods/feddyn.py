@@ -184,6 +184,7 @@ class FedDyn(FedAvg):
     """
 
     name = "feddyn"
+    not_averaging = "corrects the mean of the uploads by its server state h, an update no rule replaces"
     config_class = FedDynConfig
     server_state = ("global_params", "h")
     # 3 of 5 clients a round: h moves by Σ/m, a client's gradient state waits through the rounds it sits out.

@@ -63,7 +63,6 @@ from torch.func import grad_and_value
 
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig, require_plain_steps
-from plfl.methods.fedavg import weighted_average
 from plfl.methods.ifca import fresh_initialisation
 from plfl.plots import Heatmaps
 from plfl.state import Params
@@ -207,6 +206,7 @@ class FedEM(Method):
     """
 
     name = "fedem"
+    not_averaging = None
     config_class = FedEMConfig
     matrix_options = {"federation.batch_size": 7}  # short last batches: padding in the vectorized steps
     figures = (WEIGHTS_HEATMAP,)
@@ -261,9 +261,10 @@ class FedEM(Method):
         return TrainResult({**learners, WEIGHTS: weights}, result.loss, result.samples_seen, upload=learners)
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
-        """Each learner ← the mean of its uploads weighted by the clients' training samples (Alg. 1)."""
+        """Each learner ← the mean of its uploads weighted by the clients' training samples (Alg. 1; or
+        ``aggregation.rule``, :meth:`average`, over all learners together)."""
         sizes = [self.context.data.clients[i].num_train for i in messages]
-        self.global_params = weighted_average(list(messages.values()), sizes)
+        self.global_params = self.average(list(messages.values()), sizes, self.global_params)
 
     def new_client_model(self, round_: int) -> Optional[Params]:
         """None: a new client's mixture weights are learned on data the server never sees."""

@@ -108,6 +108,7 @@ class FedFomo(Method):
     """
 
     name = "fedfomo"
+    not_averaging = "weights other clients' models per client by their loss on its validation split"
     config_class = FedFomoConfig
     server_state = ("global_params", "models", "uploaded", "affinity")
 

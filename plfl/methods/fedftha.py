@@ -13,7 +13,7 @@ from typing import Optional
 
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig
-from plfl.methods.fedavg import weighted_average
+from plfl.robust import weighted_average
 from plfl.state import Params
 from plfl.tasks import TrainResult, Work
 
@@ -46,6 +46,7 @@ class FedFTHA(Method):
     """
 
     name = "fedftha"
+    not_averaging = "averages the heads of every client seen so far (FedHA, Eq. 8), not one round's uploads"
     config_class = FedFTHAConfig
     server_state = ("global_params", "heads")
 

@@ -78,7 +78,6 @@ from torch.func import grad_and_value
 from plfl.errors import ConfigError, PlflWarning
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, MethodConfig, require_plain_steps
-from plfl.methods.fedavg import weighted_average
 from plfl.methods.partial import PartialSharing, module_keys
 from plfl.methods.prototypes import (
     PREFIX,
@@ -90,6 +89,7 @@ from plfl.methods.prototypes import (
     prototype_table,
 )
 from plfl.models import BodyHeadModel
+from plfl.robust import weighted_average
 from plfl.state import Params
 from plfl.tasks import (
     Batch,
@@ -249,6 +249,7 @@ class FedPAC(PartialSharing):
     """
 
     name = "fedpac"
+    not_averaging = "combines classifier heads by a per-client quadratic program and averages prototypes"
     config_class = FedPACConfig
     server_state = ("global_params", "prototypes", "combined_heads")
 

@@ -159,6 +159,8 @@ class FedProto(Method):
     """
 
     name = "fedproto"
+    uploads_model = False
+    not_averaging = "averages class prototypes, not models"
     config_class = FedProtoConfig
 
     def __init__(self, config: FedProtoConfig, context: FederationContext, initial_params: Params):

@@ -30,7 +30,7 @@ from torch import nn
 from plfl.fields import checked
 from plfl.methods.base import FederationContext, Method, MethodConfig
 from plfl.methods.clusters import ASSIGNMENTS_HEATMAP, assignments_table
-from plfl.methods.fedavg import weighted_average
+from plfl.robust import weighted_average
 from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import EvalTask, TrainResult, Work
@@ -66,6 +66,7 @@ class IFCA(Method):
     """
 
     name = "ifca"
+    not_averaging = "averages each cluster's uploads apart, which a rule over a round's models does not cover"
     config_class = IFCAConfig
     server_state = ("global_params", "models")
     matrix_options = {"method.clusters": 3}

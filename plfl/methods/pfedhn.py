@@ -114,6 +114,7 @@ class PFedHN(Method):
     """
 
     name = "pfedhn"
+    not_averaging = "updates a hypernetwork from the clients' updates, not by averaging models"
     config_class = PFedHNConfig
 
     def __init__(self, config: PFedHNConfig, context: FederationContext, initial_params: Params):

@@ -202,6 +202,7 @@ class PFedLA(Method):
     """
 
     name = "pfedla"
+    not_averaging = "mixes client models per client with weights its hypernetworks learn"
     config_class = PFedLAConfig
     figures = (
         Heatmaps(

@@ -185,6 +185,7 @@ class Scaffold(FedAvg):
     """
 
     name = "scaffold"
+    not_averaging = "aggregates updates and control variates, not client models"
     config_class = ScaffoldConfig
     server_state = ("global_params", "server_c")
     # Short last batches (n mod 7 ≠ 0, K differs between clients) and 3 of 5 clients a round (c_i kept across

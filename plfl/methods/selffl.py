@@ -26,8 +26,8 @@ import torch
 from plfl.errors import ConfigError
 from plfl.fields import checked, documented, one_of
 from plfl.methods.base import FederationContext, Method, MethodConfig
-from plfl.methods.fedavg import weighted_average
 from plfl.plots import Panel, Panels
+from plfl.robust import weighted_average
 from plfl.state import Params
 from plfl.tasks import TrainResult, Work
 
@@ -217,6 +217,7 @@ class SelfFL(Method):
     """
 
     name = "selffl"
+    not_averaging = "weights client models by the precision it estimates of each"
     config_class = SelfFLConfig
     figures = (
         Panels(
