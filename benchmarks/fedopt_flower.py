@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from plfl.methods.fedavg import weighted_average
 from plfl.methods.fedopt import FedOptConfig, adaptive_server_step
+from plfl.robust import weighted_average
 
 SHAPES = {"body.weight": (4, 3), "body.bias": (4,), "head.weight": (2, 4), "head.bias": (2,)}
 SAMPLES = (10, 30)

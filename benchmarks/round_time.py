@@ -42,8 +42,8 @@ from plfl.executors import build_executor
 from plfl.federation import FederationLoop
 from plfl.methods import build_method, method_class
 from plfl.methods.base import FederationContext
-from plfl.methods.fedavg import weighted_average
 from plfl.models import models
+from plfl.robust import weighted_average
 from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore
 

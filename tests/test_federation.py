@@ -6,7 +6,8 @@ import torch
 
 from plfl.experiment import run_experiment
 from plfl.methods.fedala import FedALA, FedALAConfig
-from plfl.methods.fedavg import FedAvg, FedAvgConfig, weighted_average
+from plfl.methods.fedavg import FedAvg, FedAvgConfig
+from plfl.robust import weighted_average
 
 from conftest import make_context, run_hook, sequential
 

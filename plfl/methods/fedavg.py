@@ -7,10 +7,7 @@ from typing import Optional
 
 from plfl.methods.ala import ALAConfig
 from plfl.methods.base import Method, MethodConfig
-from plfl.robust import weighted_average
 from plfl.state import Params
-
-__all__ = ["FedAvg", "FedAvgConfig", "weighted_average"]
 
 
 @dataclass
