@@ -172,6 +172,24 @@ def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
             torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "attack, rule",
+    [("sign_flip", "median"), ("gaussian", "norm_bound"), ("label_flip", "krum"), ("scale", "multi_krum")],
+)
+def test_poisoned_clients_and_robust_rules_run_vectorized_as_sequential(digits_config, attack, rule):
+    """The same malicious clients, the same flipped labels and attacked messages, the same rule on either executor."""
+    options = {"attack.kind": attack, "attack.fraction": 0.4, "aggregation.rule": rule}
+    sequential = run(digits_config, "sequential", **options)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
+        vectorized = run(digits_config, "vectorized", **options, **{"vectorized.cohort_size": 3})
+    for one, other in zip(sequential[:2], vectorized[:2]):
+        assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
+    for one, other in zip(sequential[2], vectorized[2]):
+        for key in one:
+            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+
+
 def test_step_graphs_replay_the_step_first_recorded_for_a_key_after_undoing_its_warm_up():
     counter, seen = torch.zeros(()), []
     steps = StepGraphs(capture=False, warmup=2)

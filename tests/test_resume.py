@@ -137,6 +137,16 @@ def test_every_method_continues_from_its_checkpoint_exactly(digits_config, metho
     assert_resumes_exactly(digits_config(**{"method.name": method, **EXTRA_OPTIONS.get(method, {})}))
 
 
+@pytest.mark.parametrize(
+    "attack, rule",
+    [("sign_flip", "median"), ("gaussian", "norm_bound"), ("label_flip", "krum"), ("scale", "multi_krum")],
+)
+def test_a_run_with_poisoned_clients_and_a_robust_rule_continues_exactly(digits_config, attack, rule):
+    """The malicious clients (drawn from the seed), the Gaussian attack's noise (from (seed, round, client)) and the
+    rule carry no state of their own: a resumed run ends as the uninterrupted one."""
+    assert_resumes_exactly(digits_config(**{"attack.kind": attack, "attack.fraction": 0.4, "aggregation.rule": rule}))
+
+
 def assert_resumes_exactly(config) -> None:
     """A 3-round run of ``config`` resumed from its round-2 checkpoint (its round-3 checkpoint and summary removed,
     as a run killed in round 3 leaves them) ends as it ended."""
