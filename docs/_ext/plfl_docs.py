@@ -39,6 +39,8 @@ SECTIONS = {
     "model.": "Model (`model.*`)",
     "federation.": "Federation (`federation.*`)",
     "eval.": "Evaluation of unseen clients (`eval.*`)",
+    "aggregation.": "Robust aggregation (`aggregation.*`)",
+    "attack.": "Poisoned clients (`attack.*`)",
     "logger.": "Logging (`logger.*`)",
     "trainer.": "Lightning Trainer (`trainer.*`)",
     "vectorized.": "Vectorized executor (`vectorized.*`)",
