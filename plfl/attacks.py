@@ -9,6 +9,12 @@ resume. Label flipping changes their training labels once, when the federation's
 - ``sign_flip``: θ_sent − λu (the update reversed and scaled);
 - ``scale``: θ_sent + λu (model replacement's boosting; Bagdasaryan et al., AISTATS 2020);
 - ``gaussian``: θ_sent + ε, ε ~ N(0, σ²) per scalar, drawn from (seed, round, client, stream "attack_noise").
+
+A backdoor (BadNets' trigger, Gu et al., 2017, in federated form as Bagdasaryan et al., AISTATS 2020, test it)
+is data poisoning: a share of each malicious client's training images carry a trigger patch and the target
+label (:func:`plant_backdoor`), once, when the data is built. Its success is measured on every client's test
+images of the other classes with the trigger (:func:`triggered_test_clients`): the share its model predicts as
+the target (``backdoor_success``).
 """
 
 from __future__ import annotations
@@ -19,13 +25,79 @@ from typing import Optional
 
 import torch
 
-from plfl.data.federated import FederatedData
+from plfl.data.federated import ClientData, FederatedData
 from plfl.errors import ConfigError
 from plfl.sections import AttackConfig
 from plfl.seeding import derive_seed
 from plfl.state import Params
 
 MODEL_ATTACKS = ("sign_flip", "scale", "gaussian")
+TRIGGER = 3  # the side of the trigger's square patch, in pixels
+
+
+def with_trigger(x: torch.Tensor, peak: float) -> torch.Tensor:
+    """A copy of the images ``x`` (n, C, H, W) with the trigger: the bottom-right ``TRIGGER`` × ``TRIGGER`` patch
+    of every channel set to ``peak`` (the data's largest value: a white square)."""
+    triggered = x.clone()
+    triggered[..., -TRIGGER:, -TRIGGER:] = peak
+    return triggered
+
+
+def check_images(data: FederatedData, target: int) -> None:
+    """Refuse a backdoor on data that are not images (n, C, H, W) at least the trigger's size, or a target that is
+    not one of the classes.
+
+    Raises:
+        ConfigError: naming the problem and the fix.
+    """
+    shape = data.input_shape
+    if data.vocab_size is not None or len(shape) != 3 or min(shape[1:]) < TRIGGER:
+        raise ConfigError(
+            f"attack.kind=backdoor puts a {TRIGGER}×{TRIGGER} trigger patch on images (C, H, W), but "
+            f"{data.name}'s inputs have shape {tuple(shape)}. Choose an image data source, or another attack.kind."
+        )
+    if target >= data.num_classes:
+        raise ConfigError(
+            f"attack.target={target} is not a class of {data.name}, whose classes are 0..{data.num_classes - 1}; "
+            "set attack.target to one of them."
+        )
+
+
+def plant_backdoor(data: FederatedData, malicious: frozenset[int], config: AttackConfig, seed: int) -> FederatedData:
+    """``data`` with ``attack.poison_fraction`` of each ``malicious`` client's training images (rounded, at least
+    one; drawn from (seed, client, stream "backdoor_samples")) triggered (:func:`with_trigger`, the peak: the
+    largest training value of ``data``) and relabelled to ``attack.target``; everything else as it is."""
+    peak = max(c.x_train.max().item() for c in data.clients if c.num_train)
+    clients = list(data.clients)
+    for i in sorted(malicious):
+        client = clients[i]
+        count = max(1, round(config.poison_fraction * client.num_train))
+        generator = torch.Generator().manual_seed(derive_seed(seed, 0, i, "backdoor_samples"))
+        chosen = torch.randperm(client.num_train, generator=generator)[:count]
+        x, y = client.x_train.clone(), client.y_train.clone()
+        x[chosen], y[chosen] = with_trigger(x[chosen], peak), config.target
+        clients[i] = dataclasses.replace(client, x_train=x, y_train=y)
+    return dataclasses.replace(data, clients=clients)
+
+
+def triggered_test_clients(data: FederatedData, target: int) -> list[ClientData]:
+    """Per client of ``data``, a client whose test split is its test images of the classes other than ``target``
+    with the trigger, all labelled ``target`` (its accuracy there: the backdoor's success), and no training
+    samples. The peak is the largest training value of ``data``, as :func:`plant_backdoor` takes it."""
+    peak = max(c.x_train.max().item() for c in data.clients if c.num_train)
+    triggered = []
+    for client in data.clients:
+        others = client.y_test != target
+        x_test = with_trigger(client.x_test[others], peak)
+        triggered.append(
+            ClientData(
+                client.x_train.new_empty((0, *client.x_train.shape[1:])),
+                client.y_train.new_empty((0,)),
+                x_test,
+                torch.full((len(x_test),), target, dtype=client.y_test.dtype),
+            )
+        )
+    return triggered
 
 
 def flip_labels(data: FederatedData, malicious: frozenset[int]) -> FederatedData:

@@ -253,6 +253,8 @@ def _check_robustness(config: ExperimentConfig) -> None:
     readers = {
         "attack.scale": ("sign_flip", "scale"),
         "attack.noise_std": ("gaussian",),
+        "attack.target": ("backdoor",),
+        "attack.poison_fraction": ("backdoor",),
         "aggregation.trim": ("trimmed_mean",),
         "aggregation.byzantine": ("krum", "multi_krum"),
         "aggregation.selected": ("multi_krum",),

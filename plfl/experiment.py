@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
 
-from plfl.attacks import Attack, check_attack, flip_labels
+from plfl.attacks import Attack, check_attack, check_images, flip_labels, plant_backdoor, triggered_test_clients
 from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, RunStart, WandbRun
 from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
@@ -75,12 +75,16 @@ def run_experiment(
     participants, unseen = hold_out(
         data, unseen_clients(config.federation.seed, len(data.clients), config.federation.unseen_clients)
     )
-    attack = None
+    attack, triggered = None, []
     if config.attack.kind != "none":  # before the method and the executors see the participants' data
         malicious = malicious_clients(config.federation.seed, len(participants.clients), config.attack.fraction)
         attack = Attack(config.attack, malicious, config.federation.seed)
         if config.attack.kind == "label_flip":
             participants = flip_labels(participants, malicious)
+        if config.attack.kind == "backdoor":
+            check_images(participants, config.attack.target)
+            triggered = triggered_test_clients(participants, config.attack.target)
+            participants = plant_backdoor(participants, malicious, config.attack, config.federation.seed)
     store = ClientStateStore(len(participants.clients))
     context = FederationContext(participants, store, config.federation, model, config.data.augment, config.aggregation)
     method = build_method(config.method, context, initial_params)
@@ -96,9 +100,13 @@ def run_experiment(
     if system.dropout or system.simulated or system.deadline is not None:
         num_train = [c.num_train for c in participants.clients]
         simulation = SystemSimulation(system, num_train, config.federation.batch_size, config.federation.seed)
-    # The executor holds every client's data: the participants', then the unseen clients' (ids from N on).
+    # The executor holds every client's data: the participants', then the unseen clients' (ids from N on), then,
+    # with a backdoor, each participant's triggered test images (ids from N + U on).
     executor = build_executor(
-        config.work, config.executor_options, dataclasses.replace(data, clients=participants.clients + unseen), model
+        config.work,
+        config.executor_options,
+        dataclasses.replace(data, clients=participants.clients + unseen + triggered),
+        model,
     )
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or run_dir or new_run_dir(Path(cfg.output_dir) / cfg.name)

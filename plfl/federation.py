@@ -26,7 +26,8 @@ discarded after the test, so each evaluation is a fresh join.
 
 Poisoned clients (``attack.*``, :mod:`plfl.attacks`): a malicious client's upload is changed after
 ``client_message`` by a model attack, relative to the message it received at the broadcast; clients.csv marks
-the malicious clients (``malicious``) and the summary lists them (``malicious_clients``).
+the malicious clients (``malicious``) and the summary lists them (``malicious_clients``). With a backdoor,
+every evaluation also tests each client's model on its triggered test images (``backdoor_success``).
 
 The per-client work of each phase (training with ``post_train``, the
 broadcast's ``pre_local_init``, evaluation) goes through one executor
@@ -327,21 +328,28 @@ class FederationLoop:
         :func:`~plfl.metrics.hurt_fraction`."""
         activity.start_phase("evaluation")
         validated = self.context.data.has_validation
-        results, val_results = {}, {}
+        results, val_results, triggered = {}, {}, []
         forward = self.method.prediction()
         for group in self._groups():
             models = [self.context.store.get(i, "model") for i in group]
             tasks = [EvalTask(i, m, forward=forward) for i, m in zip(group, models)]
             if validated:
                 tasks += [EvalTask(i, m, split="val", forward=forward) for i, m in zip(group, models)]
+            if self.attack is not None and self.attack.config.kind == "backdoor":
+                first = self.num_clients + len(self.unseen)  # each client's triggered test images
+                tasks += [EvalTask(first + i, m, forward=forward) for i, m in zip(group, models)]
             evaluated = self.executor.evaluate(tasks)
             results.update(zip(group, evaluated[: len(group)]))
-            val_results.update(zip(group, evaluated[len(group) :]))
+            val_results.update(zip(group, evaluated[len(group) : 2 * len(group) if validated else len(group)]))
+            triggered.extend(evaluated[(2 if validated else 1) * len(group) :])
         sizes = {i: c.num_samples for i, c in enumerate(self.context.data.clients)}
         metrics = federation_metrics(results, sizes)
         if validated:
             val = federation_metrics(val_results, sizes)
             metrics.update(val_accuracy=val["accuracy"], val_loss=val["test_loss"])
+        if triggered:  # the share of triggered test images of the other classes predicted as the target
+            total = sum(r.total for r in triggered)
+            metrics["backdoor_success"] = sum(r.correct for r in triggered) / total if total else float("nan")
         global_model = self.method.global_model(round_)
         global_results = {}
         if global_model is not None:
@@ -453,6 +461,8 @@ class FederationLoop:
         }
         if self.attack is not None:
             summary["malicious_clients"] = sorted(self.attack.malicious)
+        if self.attack is not None and self.attack.config.kind == "backdoor":
+            summary["final_backdoor_success"] = evaluated[-1]["backdoor_success"] if evaluated else None
         if self.system is not None:
             for key in ("dropped_clients", "late_clients", "partial_clients"):  # client-rounds, all rounds
                 summary[key] = sum(r.metrics.get(key, 0) for r in self.history)

@@ -166,7 +166,7 @@ class EvalConfig:
 
 
 AGGREGATION_RULES = ("mean", "median", "trimmed_mean", "krum", "multi_krum", "norm_bound")
-ATTACKS = ("none", "label_flip", "sign_flip", "scale", "gaussian")
+ATTACKS = ("none", "label_flip", "sign_flip", "scale", "gaussian", "backdoor")
 
 
 @dataclass
@@ -211,7 +211,8 @@ class AttackConfig:
         "none",
         ATTACKS,
         "none; label_flip: the malicious clients train on labels y → C − 1 − y; sign_flip, scale: they send "
-        "θ_sent − λu or θ_sent + λu for their update u = θ_i − θ_sent; gaussian: θ_sent + N(0, σ²) noise",
+        "θ_sent − λu or θ_sent + λu for their update u = θ_i − θ_sent; gaussian: θ_sent + N(0, σ²) noise; backdoor: "
+        "they train on images with a trigger patch relabelled to attack.target",
     )
     fraction: float = checked(
         0.0,
@@ -224,6 +225,16 @@ class AttackConfig:
         1.0, lambda v: v > 0, "a number > 0", "sign_flip, scale: λ, the factor of the malicious update"
     )
     noise_std: float = checked(1.0, lambda v: v > 0, "a number > 0", "gaussian: σ, the noise's standard deviation")
+    target: int = checked(
+        0, lambda v: v >= 0, "an integer >= 0", "backdoor: the class that triggered images are relabelled to"
+    )
+    poison_fraction: float = checked(
+        0.5,
+        lambda v: 0 < v <= 1,
+        "a number in (0, 1]",
+        "backdoor: the share of each malicious client's training images that carry the trigger (a 3×3 patch of "
+        "the data's largest value in the bottom-right corner of every channel) and the target label",
+    )
 
 
 @dataclass

@@ -8,11 +8,39 @@ import pytest
 import torch
 
 from plfl import experiment
-from plfl.attacks import Attack, flip_labels, gaussian, scaled, sign_flipped
+from plfl.attacks import (
+    Attack,
+    check_images,
+    flip_labels,
+    gaussian,
+    plant_backdoor,
+    scaled,
+    sign_flipped,
+    triggered_test_clients,
+    with_trigger,
+)
+from plfl.data import ClientData, FederatedData
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
 from plfl.sections import AttackConfig
 from plfl.seeding import derive_seed, malicious_clients
+
+
+@pytest.fixture
+def images() -> FederatedData:
+    """3 clients of 6, 9 and 4 random 2×6×6 images, 3 classes."""
+    g = torch.Generator().manual_seed(0)
+    clients = [
+        ClientData(
+            torch.rand(n, 2, 6, 6, generator=g),
+            torch.randint(0, 3, (n,), generator=g),
+            torch.rand(5, 2, 6, 6, generator=g),
+            torch.randint(0, 3, (5,), generator=g),
+        )
+        for n in (6, 9, 4)
+    ]
+    return FederatedData("images", clients, num_classes=3, input_shape=(2, 6, 6))
+
 
 SENT = {"w": torch.tensor([1.0, -1.0]), "n": torch.tensor(3)}
 TRAINED = {"w": torch.tensor([1.5, 1.0]), "n": torch.tensor(4)}  # u = (0.5, 2)
@@ -123,9 +151,78 @@ def test_methods_whose_upload_is_no_model_refuse_model_attacks_at_their_first_up
             "attack.scale (or set attack.kind=sign_flip).",
         ),
         ({"attack.fraction": 1.0}, "Config key 'attack.fraction' must be a number in [0, 1); got 1.0."),
+        (
+            {"attack.kind": "label_flip", "attack.fraction": 0.2, "attack.target": 3},
+            "attack.target=3 is read only by attack.kind=backdoor, not by attack.kind=label_flip.",
+        ),
     ],
 )
 def test_attack_keys_are_checked(digits_config, overrides, message):
     with pytest.raises(ConfigError) as error:
         digits_config(**overrides)
     assert message in str(error.value)
+
+
+def test_the_trigger_is_a_bottom_right_patch_of_the_peak_in_every_channel():
+    x = torch.zeros(2, 3, 5, 6)
+    triggered = with_trigger(x, 2.0)
+    assert triggered[:, :, 2:, 3:].eq(2.0).all() and triggered.sum() == 2 * 3 * 9 * 2.0
+    assert x.eq(0).all()  # a copy
+
+
+def test_a_backdoor_poisons_a_share_of_the_malicious_clients_training_images_only(digits_config):
+    data = experiment.load_federated_data(digits_config().data, 0)
+    config = AttackConfig(kind="backdoor", fraction=0.4, target=7, poison_fraction=0.25)
+    planted = plant_backdoor(data, frozenset({1, 3}), config, seed=0)
+    for i, (old, new) in enumerate(zip(data.clients, planted.clients)):
+        changed = (new.x_train != old.x_train).flatten(1).any(dim=1) | (new.y_train != old.y_train)
+        assert torch.equal(new.x_test, old.x_test) and torch.equal(new.y_test, old.y_test)
+        if i not in (1, 3):
+            assert not changed.any()
+            continue
+        poisoned = torch.isclose(new.x_train[..., -3:, -3:], torch.tensor(1.0)).flatten(1).all(dim=1)
+        assert poisoned.sum() == round(0.25 * old.num_train) and new.y_train[poisoned].eq(7).all()
+        assert torch.equal(new.y_train[~poisoned], old.y_train[~poisoned]) and changed.sum() <= poisoned.sum()
+    again = plant_backdoor(data, frozenset({1, 3}), config, seed=0)
+    assert all(torch.equal(a.x_train, b.x_train) for a, b in zip(again.clients, planted.clients))
+
+
+def test_the_backdoor_is_measured_on_triggered_test_images_of_the_other_classes(images):
+    triggered = triggered_test_clients(images, target=1)
+    for client, test in zip(images.clients, triggered):
+        others = client.y_test != 1
+        assert test.num_train == 0 and test.y_test.eq(1).all() and len(test.y_test) == others.sum()
+        peak = max(c.x_train.max() for c in images.clients)
+        assert torch.equal(test.x_test, with_trigger(client.x_test[others], peak))
+
+
+def test_a_backdoor_refuses_inputs_that_are_not_images_and_a_target_outside_the_classes(tiny_federation, images):
+    with pytest.raises(ConfigError) as error:
+        check_images(tiny_federation, 0)
+    assert str(error.value) == (
+        "attack.kind=backdoor puts a 3×3 trigger patch on images (C, H, W), but tiny's inputs have shape (8,). "
+        "Choose an image data source, or another attack.kind."
+    )
+    with pytest.raises(ConfigError) as error:
+        check_images(images, images.num_classes)
+    assert f"attack.target={images.num_classes} is not a class of" in str(error.value)
+
+
+def test_a_backdoor_succeeds_against_the_mean_and_less_against_the_median(digits_config):
+    """10 digits clients, 3 of them training on half their images triggered and labelled 0: FedAvg's mean learns
+    the backdoor, the median much less; both keep their clean accuracy."""
+    common = {
+        "data.num_clients": 10,
+        "data.beta": 5.0,
+        "federation.rounds": 8,
+        "federation.lr": 0.1,
+        "federation.batch_size": 10,
+        "attack.kind": "backdoor",
+        "attack.fraction": 0.3,
+    }
+    summaries = {
+        rule: run_experiment(digits_config(**common, **{"aggregation.rule": rule}))[1] for rule in ("mean", "median")
+    }
+    success = {rule: s["final_backdoor_success"] for rule, s in summaries.items()}
+    assert success["mean"] > 0.8 and success["median"] < success["mean"] - 0.3, success
+    assert min(s["final_accuracy"] for s in summaries.values()) > 0.6, summaries

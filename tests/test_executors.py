@@ -174,7 +174,13 @@ def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
 
 @pytest.mark.parametrize(
     "attack, rule",
-    [("sign_flip", "median"), ("gaussian", "norm_bound"), ("label_flip", "krum"), ("scale", "multi_krum")],
+    [
+        ("sign_flip", "median"),
+        ("gaussian", "norm_bound"),
+        ("label_flip", "krum"),
+        ("scale", "multi_krum"),
+        ("backdoor", "trimmed_mean"),
+    ],
 )
 def test_poisoned_clients_and_robust_rules_run_vectorized_as_sequential(digits_config, attack, rule):
     """The same malicious clients, the same flipped labels and attacked messages, the same rule on either executor."""

@@ -139,7 +139,13 @@ def test_every_method_continues_from_its_checkpoint_exactly(digits_config, metho
 
 @pytest.mark.parametrize(
     "attack, rule",
-    [("sign_flip", "median"), ("gaussian", "norm_bound"), ("label_flip", "krum"), ("scale", "multi_krum")],
+    [
+        ("sign_flip", "median"),
+        ("gaussian", "norm_bound"),
+        ("label_flip", "krum"),
+        ("scale", "multi_krum"),
+        ("backdoor", "trimmed_mean"),
+    ],
 )
 def test_a_run_with_poisoned_clients_and_a_robust_rule_continues_exactly(digits_config, attack, rule):
     """The malicious clients (drawn from the seed), the Gaussian attack's noise (from (seed, round, client)) and the
