@@ -43,6 +43,11 @@ def with_trigger(x: torch.Tensor, peak: float) -> torch.Tensor:
     return triggered
 
 
+def trigger_peak(data: FederatedData) -> float:
+    """The trigger's value: the largest value of ``data``'s training images."""
+    return max(c.x_train.max().item() for c in data.clients if c.num_train)
+
+
 def check_images(data: FederatedData, target: int) -> None:
     """Refuse a backdoor on data that are not images (n, C, H, W) at least the trigger's size, or a target that is
     not one of the classes.
@@ -65,9 +70,9 @@ def check_images(data: FederatedData, target: int) -> None:
 
 def plant_backdoor(data: FederatedData, malicious: frozenset[int], config: AttackConfig, seed: int) -> FederatedData:
     """``data`` with ``attack.poison_fraction`` of each ``malicious`` client's training images (rounded, at least
-    one; drawn from (seed, client, stream "backdoor_samples")) triggered (:func:`with_trigger`, the peak: the
-    largest training value of ``data``) and relabelled to ``attack.target``; everything else as it is."""
-    peak = max(c.x_train.max().item() for c in data.clients if c.num_train)
+    one; drawn from (seed, client, stream "backdoor_samples")) triggered (:func:`with_trigger` with
+    :func:`trigger_peak`) and relabelled to ``attack.target``; everything else as it is."""
+    peak = trigger_peak(data)
     clients = list(data.clients)
     for i in sorted(malicious):
         client = clients[i]
@@ -83,8 +88,8 @@ def plant_backdoor(data: FederatedData, malicious: frozenset[int], config: Attac
 def triggered_test_clients(data: FederatedData, target: int) -> list[ClientData]:
     """Per client of ``data``, a client whose test split is its test images of the classes other than ``target``
     with the trigger, all labelled ``target`` (its accuracy there: the backdoor's success), and no training
-    samples. The peak is the largest training value of ``data``, as :func:`plant_backdoor` takes it."""
-    peak = max(c.x_train.max().item() for c in data.clients if c.num_train)
+    samples; the trigger's value is :func:`trigger_peak` of ``data``, as :func:`plant_backdoor` takes it."""
+    peak = trigger_peak(data)
     triggered = []
     for client in data.clients:
         others = client.y_test != target
