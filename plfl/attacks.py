@@ -138,7 +138,8 @@ def gaussian(message: Params, sent: Params, std: float, seed: int) -> Params:
 
 
 def check_attack(config: AttackConfig, method: str, uploads_model: bool) -> None:
-    """Refuse a model attack on ``method`` when its upload is not a model (``uploads_model`` false: prototypes).
+    """Refuse a model attack on ``method`` when its upload is not a model (``uploads_model`` false: prototypes,
+    control variates, Fisher traces, or nothing).
 
     Raises:
         ConfigError: naming the method, why, and the fix.

@@ -130,10 +130,11 @@ def test_prototype_methods_refuse_model_attacks(digits_config):
     )
 
 
-@pytest.mark.parametrize("method", ["scaffold", "local"])
-def test_methods_whose_upload_is_no_model_refuse_model_attacks_at_their_first_upload(digits_config, method):
+@pytest.mark.parametrize("method", ["scaffold", "fedas", "fedpac", "local"])
+def test_methods_whose_upload_is_no_model_refuse_model_attacks_before_the_run(digits_config, tmp_path, method):
     with pytest.raises(ConfigError, match=f"attack.kind=sign_flip changes .*, but {method}'s upload is not a model"):
         run_experiment(digits_config(**{"method.name": method, "attack.kind": "sign_flip", "attack.fraction": 0.2}))
+    assert not list(tmp_path.rglob("config.yaml"))  # refused before a run directory was made
 
 
 @pytest.mark.parametrize(

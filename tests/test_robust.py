@@ -4,7 +4,7 @@ it, and FedAvg under sign-flipping clients with the mean, the median and Krum.""
 import pytest
 import torch
 
-from plfl.errors import ConfigError
+from plfl.errors import ConfigError, FederationError
 from plfl.experiment import run_experiment
 from plfl.methods import method_class, methods
 from plfl.robust import (
@@ -140,6 +140,17 @@ def test_krum_refuses_rounds_with_too_few_clients(digits_config):
         "but a round samples 5. Lower aggregation.byzantine (or aggregation.selected), or raise "
         "federation.join_ratio."
     )
+
+
+def test_krum_stops_the_run_naming_the_fix_when_dropouts_leave_too_few_models(digits_config, tmp_path):
+    config = {"aggregation.rule": "krum", "aggregation.byzantine": 1, "federation.system.dropout": 0.5}
+    with pytest.raises(FederationError) as error:
+        run_experiment(digits_config(**config))
+    assert str(error.value).startswith(
+        "aggregation.rule=krum: Krum with f=1 Byzantine clients (n > 2f + 2) needs at least 5 client models, got "
+    )
+    assert str(error.value).endswith("sample more clients per round (federation.join_ratio) or relax the rule")
+    assert list(tmp_path.rglob("metrics.csv"))  # the rounds before it stay on disk
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Optional
 import torch
 from torch import nn
 
-from plfl.errors import ConfigError
+from plfl.errors import ConfigError, FederationError
 from plfl.fields import documented
 from plfl.plots import Plot
 from plfl.robust import robust_average
@@ -121,7 +121,8 @@ class Method:
     # not mean; None: it does, and takes every rule.
     not_averaging: ClassVar[Optional[str]] = "its aggregate does not average client models"
     # Whether the upload is a model (or part of one) beside the received one, which model attacks
-    # (attack.kind: sign_flip, scale, gaussian) can change; False: other tensors with the same names.
+    # (attack.kind: sign_flip, scale, gaussian) can change; False: it holds other tensors (prototypes, control
+    # variates, Fisher traces) or nothing, and model attacks are refused before the run starts.
     uploads_model: ClassVar[bool] = True
 
     @classmethod
@@ -144,9 +145,13 @@ class Method:
         ``sent``: the model the clients started from (the same keys), the reference of norm bounding's updates.
 
         Raises:
-            ValueError: a round with too few models for the rule (e.g. Krum's n > 2f + 2, after failures).
+            FederationError: a round left with too few models for the rule (Krum's n > 2f + 2, after failures or
+                dropouts); the message names the fix.
         """
-        return robust_average(states, weights, sent, self.context.aggregation)
+        try:
+            return robust_average(states, weights, sent, self.context.aggregation)
+        except ValueError as error:  # the run's finished rounds stay on disk; the loop stops with the reason
+            raise FederationError(f"aggregation.rule={self.context.aggregation.rule}: {error}") from error
 
     def server_message(self, client_id: int, round_: int) -> Optional[Params]:
         """What the server sends client ``client_id`` at the broadcast of ``round_`` (None: nothing is sent);

@@ -193,6 +193,7 @@ class FedAS(PartialSharing):
     """
 
     name = "fedas"
+    uploads_model = False
     not_averaging = "weights the bodies by their Fisher information, which a robust rule would drop"
     config_class = FedASConfig
     # The executor matrix: clients left out of rounds, short last batches of local training and of alignment.

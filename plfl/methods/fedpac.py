@@ -249,6 +249,7 @@ class FedPAC(PartialSharing):
     """
 
     name = "fedpac"
+    uploads_model = False
     not_averaging = "combines classifier heads by a per-client quadratic program and averages prototypes"
     config_class = FedPACConfig
     server_state = ("global_params", "prototypes", "combined_heads")

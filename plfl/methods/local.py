@@ -16,6 +16,7 @@ class Local(Method):
     """
 
     name = "local"
+    uploads_model = False
     not_averaging = "aggregates nothing"
 
     def server_message(self, client_id: int, round_: int) -> None:

@@ -185,6 +185,7 @@ class Scaffold(FedAvg):
     """
 
     name = "scaffold"
+    uploads_model = False
     not_averaging = "aggregates updates and control variates, not client models"
     config_class = ScaffoldConfig
     server_state = ("global_params", "server_c")
