@@ -31,7 +31,14 @@ from plfl.executors.options import ClientWorkOptions, ExecutorOptions, Ray, Vect
 from plfl.fields import Component, allowed, as_yaml, checked, default_of, documented, key_names, one_of, readers
 from plfl.methods import method_class, source_config_class
 from plfl.models import ModelConfig, models
-from plfl.sections import AggregationConfig, AttackConfig, EvalConfig, FederationConfig, TrainerConfig
+from plfl.sections import (
+    AggregationConfig,
+    AttackConfig,
+    EvalConfig,
+    FederationConfig,
+    PrivacyConfig,
+    TrainerConfig,
+)
 
 LOGGERS = ("csv", "wandb", "none")
 # Sections a ``SECTION=NAME`` override replaces with the defaults of the component NAME (the method, the model).
@@ -93,6 +100,7 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     vectorized: Vectorized = field(default_factory=Vectorized)
     ray: Ray = field(default_factory=Ray)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -199,6 +207,7 @@ def _check_parts(config: ExperimentConfig) -> None:
         _chosen("data", data, "partition", partitions())
     _chosen("model", config.model, "name", models())
     _check_robustness(config)
+    _check_privacy(config)
     federation = config.federation
     if federation.local_epochs is not None and federation.local_steps is not None:
         raise ConfigError(
@@ -270,6 +279,37 @@ def _check_robustness(config: ExperimentConfig) -> None:
             raise ConfigError(
                 f"{key}={as_yaml(getattr(section, name))} is read only by {choice}={' or '.join(users)}, not by "
                 f"{choice}={chosen}. Remove {key} (or set {choice}={users[0]})."
+            )
+
+
+def _check_privacy(config: ExperimentConfig) -> None:
+    """``privacy.*``: a key that the chosen level (or fixed clipping) does not read holds its default, and client-level
+    DP's mean is not replaced by a robust rule.
+
+    Raises:
+        ConfigError: naming the key and the fix.
+    """
+    privacy = config.privacy
+    if privacy.level == "client" and config.aggregation.rule != "mean":
+        raise ConfigError(
+            f"privacy.level=client with aggregation.rule={config.aggregation.rule}: client-level DP clips and noises "
+            "the mean of the updates, and its guarantee is for that mean, not for a robust rule. Set "
+            "aggregation.rule=mean (clipping already bounds each client's influence) or privacy.level=none."
+        )
+    adaptive_keys = ("target_quantile", "clip_lr", "quantile_noise")
+    for f in dataclasses.fields(privacy):
+        value = getattr(privacy, f.name)
+        if f.name == "level" or value == default_of(f):
+            continue
+        if privacy.level == "none":
+            raise ConfigError(
+                f"privacy.{f.name}={as_yaml(value)} is read only by privacy.level=client, not by privacy.level=none. "
+                f"Remove privacy.{f.name} (or set privacy.level=client)."
+            )
+        if f.name in adaptive_keys and not privacy.adaptive:
+            raise ConfigError(
+                f"privacy.{f.name}={as_yaml(value)} is read only by privacy.adaptive=true, not by fixed clipping. "
+                f"Remove privacy.{f.name} (or set privacy.adaptive=true)."
             )
 
 
@@ -360,7 +400,7 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> DictConfig:
     Raises:
         PlflError: ``run_dir`` is not a run directory.
         ConfigError: an invalid override, or one that changes what the saved state
-            depends on (``data.*``, ``model.*``, ``method.name``).
+            depends on (``data.*``, ``model.*``, ``method.name``, ``privacy.*``).
     """
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -370,7 +410,7 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> DictConfig:
         )
     saved = load_config(path)
     cfg = load_config(path, overrides)
-    for key in ("data", "model", "method.name"):
+    for key in ("data", "model", "method.name", "privacy"):
         if OmegaConf.select(cfg, key) != OmegaConf.select(saved, key):
             raise ConfigError(
                 f"--resume cannot change {key}: the checkpoint holds state for the saved "

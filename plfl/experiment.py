@@ -24,7 +24,8 @@ from plfl.federation import FederationLoop
 from plfl.methods import build_method, method_class
 from plfl.methods.base import FederationContext
 from plfl.models import models
-from plfl.seeding import malicious_clients, unseen_clients
+from plfl.privacy import ClientLevelDP
+from plfl.seeding import clients_per_round, malicious_clients, unseen_clients
 from plfl.state import ClientStateStore
 from plfl.system import SystemSimulation
 
@@ -86,7 +87,14 @@ def run_experiment(
             triggered = triggered_test_clients(participants, config.attack.target)
             participants = plant_backdoor(participants, malicious, config.attack, config.federation.seed)
     store = ClientStateStore(len(participants.clients))
-    context = FederationContext(participants, store, config.federation, model, config.data.augment, config.aggregation)
+    privacy = None
+    if config.privacy.level == "client":
+        num_clients = len(participants.clients)
+        sampled = clients_per_round(num_clients, config.federation.join_ratio)
+        privacy = ClientLevelDP(config.privacy, config.federation.seed, sampled, num_clients)
+    context = FederationContext(
+        participants, store, config.federation, model, config.data.augment, config.aggregation, privacy
+    )
     method = build_method(config.method, context, initial_params)
     check_attack(config.attack, method.name, method.uploads_model)
     if unseen and method.new_client_model(0) is None:

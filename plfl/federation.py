@@ -29,6 +29,10 @@ Poisoned clients (``attack.*``, :mod:`plfl.attacks`): a malicious client's uploa
 the malicious clients (``malicious``) and the summary lists them (``malicious_clients``). With a backdoor,
 every evaluation also tests each client's model on its triggered test images (``backdoor_success``).
 
+Client-level DP (``privacy.level=client``, :mod:`plfl.privacy`): the method's mean of client models is DP-FedAvg's;
+each round logs ``epsilon`` so far and the clip norm (``clip``), the summary the final ``epsilon``, its ``delta``
+and the ``accountant``, and the checkpoint the clip norm and the rounds accounted (``privacy``).
+
 The per-client work of each phase (training with ``post_train``, the
 broadcast's ``pre_local_init``, evaluation) goes through one executor
 (:mod:`plfl.executors`); the loop keeps the books and the store. The server's
@@ -166,6 +170,8 @@ class FederationLoop:
                 evaluated, tables["unseen_clients"] = self._evaluate_unseen(round_)
                 row.update(evaluated, participation_gap=row["accuracy"] - evaluated["unseen_accuracy"])
         row.update(self.method.round_metrics(round_))
+        if self.context.privacy is not None:
+            row.update(self.context.privacy.round_metrics())
         if self.best is not None:
             row["best_accuracy"], row["best_round"] = self.best
         row["seconds"] = time.perf_counter() - start
@@ -459,6 +465,8 @@ class FederationLoop:
             "num_parameters": self.run_info.num_parameters,
             "client_failures": self.failures,  # {round, client, reason}; metrics.csv counts them per round
         }
+        if self.context.privacy is not None:
+            summary.update(self.context.privacy.summary())
         if self.attack is not None:
             summary["malicious_clients"] = sorted(self.attack.malicious)
         if self.attack is not None and self.attack.config.kind == "backdoor":
@@ -493,6 +501,7 @@ class FederationLoop:
             "store": self.context.store.state_dict(),
             "received": self.received,
             "rng": global_rng_state(),
+            **({"privacy": self.context.privacy.state_dict()} if self.context.privacy is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -512,6 +521,8 @@ class FederationLoop:
         self.method.load_state_dict(state["method"])
         self.context.store.load_state_dict(state["store"])
         self.received = state["received"]
+        if self.context.privacy is not None:
+            self.context.privacy.load_state_dict(state["privacy"])
         set_global_rng_state(state["rng"])
 
     def _emit(self, hook: str, *args: Any) -> None:

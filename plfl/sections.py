@@ -237,6 +237,66 @@ class AttackConfig:
     )
 
 
+PRIVACY_LEVELS = ("none", "client")
+ACCOUNTANTS = ("rdp", "prv")
+
+
+@dataclass
+class PrivacyConfig:
+    """Differential privacy (``privacy.*``): at the client level, DP-FedAvg's clipped and noised mean of the
+    clients' updates, with fixed or adaptive clipping, and ε from Opacus' accountant (:mod:`plfl.privacy`)."""
+
+    level: str = one_of(
+        "none",
+        PRIVACY_LEVELS,
+        "none; client: client-level DP (DP-FedAvg, McMahan et al., ICLR 2018): each round's client updates "
+        "clipped to norm privacy.clip, averaged unweighted and noised; needs Opacus (pip install 'plfl[privacy]')",
+    )
+    noise_multiplier: float = checked(
+        1.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "client: z, the Gaussian noise's standard deviation over the clip norm (per scalar, z C / m for m uploads)",
+    )
+    clip: float = checked(
+        1.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "client: C, the largest L2 norm of a client's update θ_i − θ_sent (over every floating-point tensor); with "
+        "privacy.adaptive, the first round's",
+    )
+    adaptive: bool = documented(
+        False,
+        "client: adapt C each round toward the privacy.target_quantile of the update norms (Andrew et al., "
+        "NeurIPS 2021)",
+    )
+    target_quantile: float = checked(
+        0.5,
+        lambda v: 0 < v < 1,
+        "a number in (0, 1)",
+        "adaptive: γ, the fraction of updates meant to be left unclipped",
+    )
+    clip_lr: float = checked(
+        0.2, lambda v: v > 0, "a number > 0", "adaptive: η_C, the step of C ← C · exp(−η_C (b̄ − γ))"
+    )
+    quantile_noise: Optional[float] = checked(
+        None,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "adaptive: σ_b, the noise's standard deviation on the count of unclipped updates; it must exceed "
+        "privacy.noise_multiplier / 2 (null: m / 20 for m clients sampled per round, as Andrew et al.'s experiments)",
+    )
+    delta: float = checked(
+        1e-5, lambda v: 0 < v < 1, "a number in (0, 1)", "client: δ of the (ε, δ)-DP guarantee that ε is reported for"
+    )
+    accountant: str = one_of(
+        "rdp",
+        ACCOUNTANTS,
+        "client: Opacus' accountant of ε: rdp (Rényi DP) or prv (privacy loss random variables); both assume "
+        "Poisson sampling of clients",
+    )
+
+
 @dataclass
 class TrainerConfig:
     """Options passed to the one Lightning ``Trainer`` (``trainer.*``)."""

@@ -196,6 +196,20 @@ def test_poisoned_clients_and_robust_rules_run_vectorized_as_sequential(digits_c
             torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
 
 
+def test_adaptive_client_dp_runs_vectorized_as_sequential(digits_config):
+    """The DP noise and the clip norm's noise come from (seed, round) on the server: the same on either executor."""
+    options = {"privacy.level": "client", "privacy.adaptive": True, "privacy.noise_multiplier": 0.3}
+    sequential = run(digits_config, "sequential", **options)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
+        vectorized = run(digits_config, "vectorized", **options, **{"vectorized.cohort_size": 3})
+    for one, other in zip(sequential[:2], vectorized[:2]):
+        assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
+    for one, other in zip(sequential[2], vectorized[2]):
+        for key in one:
+            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+
+
 def test_step_graphs_replay_the_step_first_recorded_for_a_key_after_undoing_its_warm_up():
     counter, seen = torch.zeros(()), []
     steps = StepGraphs(capture=False, warmup=2)

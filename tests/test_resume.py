@@ -153,6 +153,13 @@ def test_a_run_with_poisoned_clients_and_a_robust_rule_continues_exactly(digits_
     assert_resumes_exactly(digits_config(**{"attack.kind": attack, "attack.fraction": 0.4, "aggregation.rule": rule}))
 
 
+def test_a_run_with_adaptive_client_dp_continues_exactly(digits_config):
+    """The clip norm C, adapted each round, and the rounds accounted come back from the checkpoint; the noise comes
+    from (seed, round): a resumed run's models, ε, C and unclipped fractions are the uninterrupted run's."""
+    options = {"privacy.level": "client", "privacy.adaptive": True, "privacy.noise_multiplier": 0.3}
+    assert_resumes_exactly(digits_config(**options, **{"privacy.clip": 0.5, "privacy.accountant": "prv"}))
+
+
 def assert_resumes_exactly(config) -> None:
     """A 3-round run of ``config`` resumed from its round-2 checkpoint (its round-3 checkpoint and summary removed,
     as a run killed in round 3 leaves them) ends as it ended."""

@@ -41,6 +41,7 @@ SECTIONS = {
     "eval.": "Evaluation of unseen clients (`eval.*`)",
     "aggregation.": "Robust aggregation (`aggregation.*`)",
     "attack.": "Poisoned clients (`attack.*`)",
+    "privacy.": "Differential privacy (`privacy.*`)",
     "logger.": "Logging (`logger.*`)",
     "trainer.": "Lightning Trainer (`trainer.*`)",
     "vectorized.": "Vectorized executor (`vectorized.*`)",

@@ -33,6 +33,7 @@ from torch import nn
 from plfl.errors import ConfigError, FederationError
 from plfl.fields import documented
 from plfl.plots import Plot
+from plfl.privacy import ClientLevelDP
 from plfl.robust import robust_average
 from plfl.sections import AggregationConfig
 from plfl.seeding import clients_per_round, derive_seed
@@ -55,7 +56,7 @@ class MethodConfig:
 class FederationContext:
     """What a method may use: the clients' data, their state store, the run's ``federation.*`` options, the
     architecture, whether the executors augment training batches (``data.augment``) and the rule that
-    :meth:`Method.average` follows (``aggregation.*``)."""
+    :meth:`Method.average` follows (``aggregation.*``, or client-level DP with ``privacy.level=client``)."""
 
     data: FederatedData
     store: ClientStateStore
@@ -63,6 +64,7 @@ class FederationContext:
     architecture: nn.Module  # the clients' model: its structure; its weights are not the global model
     augment: bool = False
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
+    privacy: Optional[ClientLevelDP] = None  # privacy.level=client: the server's DP mean, its clip norm and ε
 
 
 def require_plain_steps(method: str, context: FederationContext, steps: str) -> None:
@@ -118,7 +120,7 @@ class Method:
     # What plfl report draws of this method's round_metrics and round_tables, beside every run's figures.
     figures: ClassVar[tuple[Plot, ...]] = ()
     # Why ``aggregate`` does not average client models through :meth:`average`, said when ``aggregation.rule`` is
-    # not mean; None: it does, and takes every rule.
+    # not mean or ``privacy.level`` is client; None: it does, and takes every rule and client-level DP.
     not_averaging: ClassVar[Optional[str]] = "its aggregate does not average client models"
     # Whether the upload is a model (or part of one) beside the received one, which model attacks
     # (attack.kind: sign_flip, scale, gaussian) can change; False: it holds other tensors (prototypes, control
@@ -139,16 +141,20 @@ class Method:
         self.global_params = initial_params
         check_aggregation(self.name, self.not_averaging, context)
 
-    def average(self, states: list[Params], weights: list[float], sent: Params) -> Params:
+    def average(self, states: list[Params], weights: list[float], sent: Params, round_: int) -> Params:
         """The clients' models ``states`` combined by ``aggregation.rule`` (:func:`plfl.robust.robust_average`):
         the weighted mean Σ_i w_i θ_i / Σ_i w_i by default. ``weights``: one per state (e.g. training samples);
         ``sent``: the model the clients started from (the same keys), the reference of norm bounding's updates.
+        With ``privacy.level=client``, DP-FedAvg's clipped, unweighted and noised mean of the updates from ``sent``
+        instead (:meth:`plfl.privacy.ClientLevelDP.aggregate`, its noise drawn from the seed and ``round_``).
 
         Raises:
             FederationError: a round left with too few models for the rule (Krum's n > 2f + 2, after failures or
                 dropouts); the message names the fix.
         """
         try:
+            if self.context.privacy is not None:
+                return self.context.privacy.aggregate(states, sent, round_)
             return robust_average(states, weights, sent, self.context.aggregation)
         except ValueError as error:  # the run's finished rounds stay on disk; the loop stops with the reason
             raise FederationError(f"aggregation.rule={self.context.aggregation.rule}: {error}") from error
@@ -276,12 +282,18 @@ class Method:
 
 
 def check_aggregation(method: str, not_averaging: Optional[str], context: FederationContext) -> None:
-    """Refuse an ``aggregation.rule`` that ``method`` cannot follow (``not_averaging``: why its aggregate does not
-    average client models), or that a round's sampled clients are too few for.
+    """Refuse an ``aggregation.rule`` or client-level DP that ``method`` cannot follow (``not_averaging``: why its
+    aggregate does not average client models), or a rule that a round's sampled clients are too few for.
 
     Raises:
         ConfigError: naming the method, the reason and the fix.
     """
+    if context.privacy is not None and not_averaging is not None:
+        raise ConfigError(
+            f"privacy.level=client clips and noises the mean of the client models' updates, but {method} "
+            f"{not_averaging}. Set privacy.level=none, or choose a method that averages client models (fedavg and "
+            "the methods built on it)."
+        )
     rule = context.aggregation
     if rule.rule == "mean":
         return

@@ -43,4 +43,4 @@ class FedAvg(Method):
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         """Θ^t ← the uploads' mean weighted by training samples (or ``aggregation.rule``, :meth:`average`)."""
         sizes = [self.context.data.clients[i].num_train for i in messages]
-        self.global_params = self.average(list(messages.values()), sizes, self.global_params)
+        self.global_params = self.average(list(messages.values()), sizes, self.global_params, round_)

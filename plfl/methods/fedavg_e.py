@@ -23,4 +23,4 @@ class FedAvgE(FedAvg):
     name = "fedavg_e"
 
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
-        self.global_params = self.average(list(messages.values()), [1.0] * len(messages), self.global_params)
+        self.global_params = self.average(list(messages.values()), [1.0] * len(messages), self.global_params, round_)

@@ -344,5 +344,5 @@ class FedCP(Method):
         """Feature extractor, global head and CPN ← the uploads' means weighted by the clients' training
         samples (or ``aggregation.rule``, :meth:`average`)."""
         sizes = [self.context.data.clients[i].num_train for i in messages]
-        self.global_params = self.average(list(messages.values()), sizes, self.global_params)
+        self.global_params = self.average(list(messages.values()), sizes, self.global_params, round_)
         self.uploaders, self.upload_round = sorted(messages), round_

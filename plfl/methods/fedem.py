@@ -264,7 +264,7 @@ class FedEM(Method):
         """Each learner ← the mean of its uploads weighted by the clients' training samples (Alg. 1; or
         ``aggregation.rule``, :meth:`average`, over all learners together)."""
         sizes = [self.context.data.clients[i].num_train for i in messages]
-        self.global_params = self.average(list(messages.values()), sizes, self.global_params)
+        self.global_params = self.average(list(messages.values()), sizes, self.global_params, round_)
 
     def new_client_model(self, round_: int) -> Optional[Params]:
         """None: a new client's mixture weights are learned on data the server never sees."""

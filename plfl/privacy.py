@@ -1,0 +1,209 @@
+"""Client-level differential privacy (``privacy.level=client``): DP-FedAvg's server rule and its accountant.
+
+DP-FedAvg (McMahan et al., *Learning Differentially Private Recurrent Language Models*, ICLR 2018,
+arXiv:1710.06963, Alg. 1) with fixed clipping, and adaptive clipping (Andrew et al., *Differentially Private
+Learning with Adaptive Clipping*, NeurIPS 2021, arXiv:1905.03871, Alg. 1 and Theorem 1). With the m clients that
+uploaded in a round, the model θ_sent they received and the clip norm C:
+
+- each update u_i = θ_i − θ_sent, over every floating-point tensor, is clipped to ũ_i = u_i · min(1, C / ‖u_i‖₂),
+  the norm over the whole update (:func:`clipped_update`);
+- θ ← θ_sent + (1/m) Σ_i ũ_i + N(0, (z_Δ C / m)²) per scalar (:func:`private_mean`);
+- adaptively, b̄ = (Σ_i 1[‖u_i‖₂ ≤ C] + N(0, σ_b²)) / m and C ← C · exp(−η_C (b̄ − γ)) after the round
+  (:func:`adapted_clip`); the update's noise multiplier is z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), so that the round as a
+  whole is the Gaussian mechanism of noise multiplier z (Theorem 1, :func:`update_noise_multiplier`); with fixed
+  clipping z_Δ = z.
+
+The mean is unweighted, as in Andrew et al.: a client's training samples do not weigh its update (McMahan et al.
+bound per-client weights instead). Integer buffers (e.g. BatchNorm's counter) come from the first upload, as
+:func:`plfl.robust.weighted_average` takes them. Every draw comes from a CPU generator seeded by
+:func:`plfl.seeding.derive_seed` (seed, round, −1, stream "dp_noise" or "dp_clip_noise"), so a run is the same on
+every executor and resumes bit for bit; the clip norm C is the only state (:meth:`ClientLevelDP.state_dict`).
+
+ε comes from Opacus' accountants (RDP or PRV), one Gaussian mechanism of noise multiplier z and sample rate
+q = (clients sampled per round) / (participating clients) per aggregated round. They assume each client is
+sampled independently with probability q (Poisson sampling); plfl samples a fixed number without replacement,
+the usual approximation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+
+from plfl.errors import ConfigError
+from plfl.sections import PrivacyConfig
+from plfl.seeding import derive_seed
+from plfl.state import Params
+
+
+def clipped_update(state: Params, sent: Params, clip: float) -> tuple[Params, float]:
+    """The update u = θ − θ_sent of ``state`` from ``sent`` over its floating-point tensors, scaled by
+    min(1, C / ‖u‖₂) with C = ``clip`` (McMahan et al., ICLR 2018, Alg. 1, ClipFn), and ‖u‖₂ before clipping
+    (float64, over all those tensors together). The tensors keep their shapes and dtypes."""
+    update = {k: v - sent[k] for k, v in state.items() if v.is_floating_point()}
+    norm = math.sqrt(sum(u.double().square().sum().item() for u in update.values()))
+    factor = min(1.0, clip / norm) if norm > 0 else 1.0
+    return {k: u * factor for k, u in update.items()}, norm
+
+
+def private_mean(
+    states: list[Params], sent: Params, clip: float, noise_multiplier: float, generator: torch.Generator
+) -> tuple[Params, list[float]]:
+    """θ_sent + (1/m) Σ_i ũ_i + N(0, (z_Δ C / m)²) per scalar of every floating-point tensor (McMahan et al.,
+    ICLR 2018, Alg. 1; Andrew et al., NeurIPS 2021, Alg. 1), ũ_i the :func:`clipped_update` of the m ``states``
+    from ``sent``, C = ``clip``, z_Δ = ``noise_multiplier`` (0: no noise). The noise is drawn from ``generator``
+    (on the CPU), one tensor after another in the first state's key order, in each tensor's dtype, then moved to its
+    device. Integer tensors come from the first state. Returns the new model and the m norms ‖u_i‖₂ before
+    clipping.
+
+    Raises:
+        ValueError: no states.
+    """
+    if not states:
+        raise ValueError("client-level DP averages the updates of at least one client, got none")
+    m = len(states)
+    clipped, norms = zip(*(clipped_update(s, sent, clip) for s in states))
+    std = noise_multiplier * clip / m
+    averaged = {}
+    for key, first in states[0].items():
+        if not first.is_floating_point():
+            averaged[key] = first.clone()
+            continue
+        noise = torch.randn(first.shape, generator=generator, dtype=first.dtype).to(first.device)
+        averaged[key] = sent[key] + sum(u[key] for u in clipped) / m + std * noise
+    return averaged, list(norms)
+
+
+def update_noise_multiplier(noise_multiplier: float, quantile_noise: Optional[float]) -> float:
+    """z_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2), the noise multiplier of the update when σ_b = ``quantile_noise`` noises the
+    clipped-count estimate, so that the round is the Gaussian mechanism of noise multiplier z =
+    ``noise_multiplier`` (Andrew et al., NeurIPS 2021, Theorem 1); z itself when ``quantile_noise`` is None
+    (fixed clipping).
+
+    Raises:
+        ValueError: 2σ_b ≤ z, which leaves no budget for the update (the message names the smallest σ_b).
+    """
+    if quantile_noise is None:
+        return noise_multiplier
+    if 2 * quantile_noise <= noise_multiplier:
+        raise ValueError(
+            f"privacy.quantile_noise (σ_b = {quantile_noise:g}) must exceed privacy.noise_multiplier / 2 "
+            f"(z / 2 = {noise_multiplier / 2:g}): the update's noise multiplier (z⁻² − (2σ_b)⁻²)^(−1/2) is otherwise "
+            "not finite (Andrew et al., Theorem 1). Raise privacy.quantile_noise (the paper takes about m / 20 for m "
+            "clients per round), or lower privacy.noise_multiplier."
+        )
+    return (noise_multiplier**-2 - (2 * quantile_noise) ** -2) ** -0.5
+
+
+def adapted_clip(
+    clip: float,
+    norms: list[float],
+    target_quantile: float,
+    clip_lr: float,
+    quantile_noise: float,
+    generator: torch.Generator,
+) -> tuple[float, float]:
+    """(C · exp(−η_C (b̄ − γ)), b̄): the geometric update of the clip norm C = ``clip`` toward the ``target_quantile``
+    γ of the update norms (Andrew et al., NeurIPS 2021, Alg. 1), with b̄ = (Σ_i 1[‖u_i‖₂ ≤ C] + N(0, σ_b²)) / m the
+    noisy fraction of the m ``norms`` left unclipped, σ_b = ``quantile_noise`` (one float64 draw from
+    ``generator``), η_C = ``clip_lr``."""
+    noise = torch.randn((), generator=generator, dtype=torch.float64).item()
+    unclipped = (sum(norm <= clip for norm in norms) + quantile_noise * noise) / len(norms)
+    return clip * math.exp(-clip_lr * (unclipped - target_quantile)), unclipped
+
+
+class ClientLevelDP:
+    """The server's client-level DP (``privacy.*`` with ``privacy.level=client``): its clip norm, its rounds and
+    its accountant.
+
+    Args:
+        config: the ``privacy.*`` keys.
+        seed: ``federation.seed``, of the noise's generators.
+        clients_per_round: the clients sampled each round; σ_b's default is a twentieth of it (Andrew et al.'s
+            experiments: σ_b = m / 20).
+        num_clients: the participating clients; with ``clients_per_round``, the accountant's sample rate q.
+
+    Raises:
+        ConfigError: Opacus is not installed, or σ_b ≤ z / 2 (:func:`update_noise_multiplier`).
+    """
+
+    def __init__(self, config: PrivacyConfig, seed: int, clients_per_round: int, num_clients: int):
+        self.config, self.seed = config, seed
+        self.sample_rate = clients_per_round / num_clients
+        self.quantile_noise = None
+        if config.adaptive:
+            given = config.quantile_noise
+            self.quantile_noise = clients_per_round / 20 if given is None else given
+        try:
+            self.update_noise = update_noise_multiplier(config.noise_multiplier, self.quantile_noise)
+        except ValueError as error:
+            raise ConfigError(f"privacy.adaptive=true: {error}") from None
+        self.clip, self.rounds = config.clip, 0
+        self.accountant = new_accountant(config.accountant)
+        self.unclipped: Optional[float] = None  # b̄ of the round just aggregated, for its metrics
+
+    def aggregate(self, states: list[Params], sent: Params, round_: int) -> Params:
+        """The round's model from the uploads ``states`` and the model ``sent`` (:func:`private_mean`); then, with
+        adaptive clipping, the next round's C (:func:`adapted_clip`); one step of the accountant.
+
+        Raises:
+            ValueError: no states.
+        """
+        generator = torch.Generator().manual_seed(derive_seed(self.seed, round_, -1, "dp_noise"))
+        averaged, norms = private_mean(states, sent, self.clip, self.update_noise, generator)
+        if self.quantile_noise is not None:
+            generator = torch.Generator().manual_seed(derive_seed(self.seed, round_, -1, "dp_clip_noise"))
+            config = self.config
+            self.clip, self.unclipped = adapted_clip(
+                self.clip, norms, config.target_quantile, config.clip_lr, self.quantile_noise, generator
+            )
+        self.rounds += 1
+        self.accountant.step(noise_multiplier=self.config.noise_multiplier, sample_rate=self.sample_rate)
+        return averaged
+
+    def epsilon(self) -> float:
+        """ε of (ε, ``privacy.delta``)-DP at the client level after the rounds so far (0 before the first)."""
+        # float(): PRV's ε is a NumPy scalar, which a checkpoint (torch.load with weights_only) refuses
+        return float(self.accountant.get_epsilon(delta=self.config.delta)) if self.rounds else 0.0
+
+    def round_metrics(self) -> dict[str, float]:
+        """``epsilon`` so far and the clip norm C the next round uses (``clip``); after an adaptive round, its
+        noisy unclipped fraction b̄ (``unclipped_fraction``)."""
+        metrics = {"epsilon": self.epsilon(), "clip": self.clip}
+        if self.unclipped is not None:
+            metrics["unclipped_fraction"], self.unclipped = self.unclipped, None
+        return metrics
+
+    def summary(self) -> dict[str, Any]:
+        """The run's final ``epsilon`` with its ``delta`` and the ``accountant`` that computed it."""
+        return {"epsilon": self.epsilon(), "delta": self.config.delta, "accountant": self.config.accountant}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The clip norm and the number of aggregated rounds (the accountant's history: one step per round)."""
+        return {"clip": self.clip, "rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; the accountant takes its steps again."""
+        self.clip, self.rounds = state["clip"], state["rounds"]
+        self.accountant = new_accountant(self.config.accountant)
+        for _ in range(self.rounds):
+            self.accountant.step(noise_multiplier=self.config.noise_multiplier, sample_rate=self.sample_rate)
+
+
+def new_accountant(name: str) -> Any:
+    """A fresh Opacus accountant: ``rdp`` (``RDPAccountant``, Rényi DP; Mironov, 2017) or ``prv``
+    (``PRVAccountant``, privacy loss random variables; Gopi et al., NeurIPS 2021).
+
+    Raises:
+        ConfigError: Opacus is not installed.
+    """
+    try:
+        from opacus.accountants import PRVAccountant, RDPAccountant  # only runs with privacy need Opacus
+    except ImportError:
+        raise ConfigError(
+            "privacy.level=client accounts for ε with Opacus, which is not installed: pip install 'plfl[privacy]' "
+            "(or set privacy.level=none)."
+        ) from None
+    return {"rdp": RDPAccountant, "prv": PRVAccountant}[name]()
