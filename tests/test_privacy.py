@@ -8,9 +8,18 @@ import sys
 import pytest
 import torch
 
+from plfl.config import resume_config
 from plfl.errors import ConfigError
 from plfl.experiment import run_experiment
-from plfl.privacy import adapted_clip, clipped_update, new_accountant, private_mean, update_noise_multiplier
+from plfl.privacy import (
+    ClientLevelDP,
+    adapted_clip,
+    clipped_update,
+    new_accountant,
+    private_mean,
+    update_noise_multiplier,
+)
+from plfl.sections import PrivacyConfig
 
 
 def generator(seed=7):
@@ -69,6 +78,17 @@ def test_the_updates_noise_multiplier_is_theorem_ones_and_a_small_quantile_noise
         update_noise_multiplier(1.0, 0.5)
 
 
+def test_with_adaptive_clipping_the_server_noises_the_update_at_z_delta_and_moves_c():
+    """m = 4 unchanged models (‖u_i‖ = 0 ≤ C: all unclipped, so C shrinks); z = 1, σ_b = 1: z_Δ = 1 / √0.75."""
+    config = PrivacyConfig(level="client", noise_multiplier=1.0, clip=0.5, adaptive=True, quantile_noise=1.0)
+    privacy = ClientLevelDP(config, seed=0, clients_per_round=4, num_clients=10)
+    sent = {"w": torch.zeros(200_000)}
+    averaged = privacy.aggregate([dict(sent) for _ in range(4)], sent, round_=1)
+    assert averaged["w"].std().item() == pytest.approx(0.5 / math.sqrt(0.75) / 4, rel=0.02)
+    assert privacy.clip < 0.5 and privacy.state_dict() == {"clip": privacy.clip, "rounds": 1}
+    assert privacy.sample_rate == 0.4 and privacy.epsilon() > 0
+
+
 def metrics(run_dir):
     with open(run_dir / "metrics.csv") as f:
         return list(csv.DictReader(f))
@@ -113,6 +133,12 @@ def test_a_quantile_noise_too_small_for_z_is_refused_before_the_run(digits_confi
     with pytest.raises(ConfigError, match=r"privacy.adaptive=true: privacy.quantile_noise \(σ_b = 0.25\)"):
         run_experiment(digits_config(**options))
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_resumed_run_cannot_change_privacy(digits_config):
+    run_dir, _ = run_experiment(digits_config(**{"privacy.level": "client", "federation.rounds": 1}))
+    with pytest.raises(ConfigError, match="--resume cannot change privacy"):
+        resume_config(run_dir, ["federation.rounds=2", "privacy.noise_multiplier=2"])
 
 
 def test_without_opacus_the_error_says_what_to_install(monkeypatch):

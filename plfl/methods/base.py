@@ -157,7 +157,10 @@ class Method:
                 return self.context.privacy.aggregate(states, sent, round_)
             return robust_average(states, weights, sent, self.context.aggregation)
         except ValueError as error:  # the run's finished rounds stay on disk; the loop stops with the reason
-            raise FederationError(f"aggregation.rule={self.context.aggregation.rule}: {error}") from error
+            rule = (
+                "privacy.level=client" if self.context.privacy else f"aggregation.rule={self.context.aggregation.rule}"
+            )
+            raise FederationError(f"{rule}: {error}") from error
 
     def server_message(self, client_id: int, round_: int) -> Optional[Params]:
         """What the server sends client ``client_id`` at the broadcast of ``round_`` (None: nothing is sent);
