@@ -1,7 +1,8 @@
 """Command line: ``plfl fit --config X.yaml [--seeds 0,1,2] [key=value ...]``, ``plfl fit --resume RUN_DIR``,
 ``plfl sweep X.yaml [--count N] [--parallel N] [key=value ...]``, ``plfl compare RUN_DIR...``,
 ``plfl reproduce SUITE [--cells PATTERN] [--rounds N] [--seeds K] [--parallel N] [key=value ...]``,
-``plfl reproduce --list``, ``plfl report RUN_DIR... [-o report.html]``, ``plfl methods [NAME]``,
+``plfl reproduce --list``, ``plfl report RUN_DIR... [-o report.html]``, ``plfl invert --config X.yaml --client C
+--round R [--batch-size B] [--attack dlg|idlg] [--iterations N] [key=value ...]``, ``plfl methods [NAME]``,
 ``plfl --version``.
 
 Only what a command needs is imported: Lightning, W&B and the data readers only when training, so that config
@@ -116,6 +117,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="run up to N runs at once, each as a Ray task on one CPU (needs Ray, as plfl sweep --parallel)",
     )
     reproduce.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+    )
+    invert = commands.add_parser(
+        "invert", help="reconstruct a client's training batch from its upload of one round (DLG, iDLG)"
+    )
+    invert.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
+    invert.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. method=fedavg")
+    invert.add_argument("--client", type=int, default=0, metavar="C", help="the attacked client's id (default 0)")
+    invert.add_argument(
+        "--round", type=int, default=1, metavar="R", help="the round whose upload is attacked, 1.. (default 1)"
+    )
+    invert.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="federation.batch_size: the batch to reconstruct (default: the config's)",
+    )
+    invert.add_argument("--attack", choices=("dlg", "idlg"), default="dlg", help="DLG, or iDLG for B = 1 (default dlg)")
+    invert.add_argument(
+        "--iterations", type=int, default=300, metavar="N", help="L-BFGS iterations of the attack (default 300)"
+    )
+    invert.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
     )
     methods = commands.add_parser("methods", help="list the methods (method.name) with their keys and defaults")
@@ -271,6 +294,29 @@ def methods(args: argparse.Namespace) -> None:
         print()
 
 
+def invert(args: argparse.Namespace) -> None:
+    """Run the config's federation to ``--round``, reconstruct ``--client``'s batch from its upload and print the
+    per-image PSNR, SSIM and labels (:func:`plfl.inversion.invert`)."""
+    from plfl.config import load_config
+
+    overrides = list(args.overrides)
+    if args.batch_size is not None:
+        overrides.append(f"federation.batch_size={args.batch_size}")
+    if args.iterations < 1:
+        raise PlflError(f"--iterations {args.iterations}: the attack needs at least one L-BFGS iteration.")
+    cfg = load_config(args.config, overrides)
+    check_torch_builds()
+    from plfl.inversion import invert, table  # imports torch and Lightning: only when attacking
+
+    run_dir, report = invert(cfg, args.client, args.round, args.attack, args.iterations)
+    print(
+        f"{args.attack.upper()} on client {args.client}'s upload of round {args.round} (B = {report['batch_size']}, "
+        f"{args.iterations} iterations, privacy.level={report['privacy']}):"
+    )
+    print(table(report))
+    print(f"Run directory: {run_dir} (inversion.json, inversion.png)")
+
+
 def compare(args: argparse.Namespace) -> None:
     print(comparison_table([read_run(d) for d in find_runs(args.runs)]))
 
@@ -330,6 +376,7 @@ COMMANDS = {
     "reproduce": reproduce,
     "compare": compare,
     "report": report,
+    "invert": invert,
     "methods": methods,
 }
 INTERRUPTED = {
@@ -338,6 +385,7 @@ INTERRUPTED = {
     "reproduce": "finished runs are kept; run the same command again to continue the stopped ones",
     "compare": "nothing was written",
     "report": "the report may be incomplete; run the command again",
+    "invert": "the run directory keeps its rounds; run the command again",
     "methods": "nothing was written",
 }
 
@@ -353,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # argparse fills every positional at its first one, so `sweep X.yaml --count 3 a=b` (or `fit a=b --seeds 1,2
     # c=d`) leaves the later overrides over.
-    if extra and args.command in ("fit", "sweep", "reproduce") and not any(e.startswith("-") for e in extra):
+    if extra and args.command in ("fit", "sweep", "reproduce", "invert") and not any(e.startswith("-") for e in extra):
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

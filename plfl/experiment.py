@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -31,7 +32,10 @@ from plfl.system import SystemSimulation
 
 
 def run_experiment(
-    cfg: DictConfig, resume: Optional[Path] = None, run_dir: Optional[Path] = None
+    cfg: DictConfig,
+    resume: Optional[Path] = None,
+    run_dir: Optional[Path] = None,
+    callbacks: Sequence[FederationCallback] = (),
 ) -> tuple[Path, dict[str, Any]]:
     """Load the data, build model, method and callbacks, and run the federation.
 
@@ -45,6 +49,7 @@ def run_experiment(
             (it must have been run with ``cfg``'s data, model and method).
         run_dir: the empty directory a new run writes to, made by the caller so that it is known before the run
             starts (``plfl sweep`` records its trials' directories); default: a new ``<output_dir>/<name>/<time>/``.
+        callbacks: more callbacks, after those the config asks for (``plfl invert`` records an upload).
 
     Returns:
         The run directory (``<output_dir>/<name>/<time>/``, ``resume`` or ``run_dir``) and the summary.
@@ -129,6 +134,7 @@ def run_experiment(
             loop.load_state_dict(checkpoint)
             del checkpoint  # with state_offload, its copy of the store would stay in memory all run
         loop.callbacks.extend(build_callbacks(cfg, loop.state_dict))
+        loop.callbacks.extend(callbacks)
         return run_dir, loop.run()
     finally:
         context.store.close()  # the offload files: the checkpoints hold what a resumed run needs
