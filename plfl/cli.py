@@ -2,7 +2,8 @@
 ``plfl sweep X.yaml [--count N] [--parallel N] [key=value ...]``, ``plfl compare RUN_DIR...``,
 ``plfl reproduce SUITE [--cells PATTERN] [--rounds N] [--seeds K] [--parallel N] [key=value ...]``,
 ``plfl reproduce --list``, ``plfl report RUN_DIR... [-o report.html]``, ``plfl invert --config X.yaml --client C
---round R [--batch-size B] [--attack dlg|idlg] [--iterations N] [key=value ...]``, ``plfl methods [NAME]``,
+--round R [--batch-size B] [--attack dlg|idlg] [--iterations N] [--restarts K] [key=value ...]``,
+``plfl methods [NAME]``,
 ``plfl --version``.
 
 Only what a command needs is imported: Lightning, W&B and the data readers only when training, so that config
@@ -136,7 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     invert.add_argument("--attack", choices=("dlg", "idlg"), default="dlg", help="DLG, or iDLG for B = 1 (default dlg)")
     invert.add_argument(
-        "--iterations", type=int, default=300, metavar="N", help="L-BFGS iterations of the attack (default 300)"
+        "--iterations", type=int, default=300, metavar="N", help="L-BFGS iterations of each draw (default 300)"
+    )
+    invert.add_argument(
+        "--restarts", type=int, default=4, metavar="K", help="random draws, the best match kept (default 4)"
     )
     invert.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
@@ -302,16 +306,19 @@ def invert(args: argparse.Namespace) -> None:
     overrides = list(args.overrides)
     if args.batch_size is not None:
         overrides.append(f"federation.batch_size={args.batch_size}")
-    if args.iterations < 1:
-        raise PlflError(f"--iterations {args.iterations}: the attack needs at least one L-BFGS iteration.")
+    if args.iterations < 1 or args.restarts < 1:
+        raise PlflError(
+            f"--iterations {args.iterations} --restarts {args.restarts}: the attack needs at least one draw and one "
+            "L-BFGS iteration; pass numbers >= 1."
+        )
     cfg = load_config(args.config, overrides)
     check_torch_builds()
     from plfl.inversion import invert, table  # imports torch and Lightning: only when attacking
 
-    run_dir, report = invert(cfg, args.client, args.round, args.attack, args.iterations)
+    run_dir, report = invert(cfg, args.client, args.round, args.attack, args.iterations, args.restarts)
     print(
         f"{args.attack.upper()} on client {args.client}'s upload of round {args.round} (B = {report['batch_size']}, "
-        f"{args.iterations} iterations, privacy.level={report['privacy']}):"
+        f"{args.iterations} iterations × {args.restarts} draws, privacy.level={report['privacy']}):"
     )
     print(table(report))
     print(f"Run directory: {run_dir} (inversion.json, inversion.png)")
