@@ -33,6 +33,7 @@ from plfl.inversion import (
     unit_range,
 )
 from plfl.models import build_model
+from plfl.report import write_report
 from plfl.seeding import derive_seed
 
 
@@ -157,6 +158,8 @@ def test_plfl_invert_writes_its_json_and_image_and_prints_the_table(digits_confi
     assert (report["attack"], report["client"], report["round"], report["batch_size"]) == ("idlg", 2, 1, 1)
     assert len(report["psnr"]) == len(report["ssim"]) == 1 and not math.isnan(report["mean_ssim"])
     assert (run_dir / "inversion.png").read_bytes()[:4] == b"\x89PNG"
+    page = write_report([run_dir], tmp_path / "report.html").read_text()
+    assert f"mean PSNR {report['mean_psnr']:.2f} dB" in page and 'src="data:image/png;base64,' in page
 
 
 def test_dlg_on_a_batch_of_eight_reports_every_image(digits_config, tmp_path):

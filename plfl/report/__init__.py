@@ -6,7 +6,8 @@ and the largest 10 % of clients' accuracy, test and training loss, seconds
 (measured and simulated) and bytes per round (log axes), and the panels a run
 has data for (global-model accuracy, unseen against participating clients'
 accuracy, ALA weights, Self-FL's σ_0², σ_m², l_m, pFedLA's aggregation-weight
-heatmaps). It stays readable with many runs (a sweep's): short legend labels
+heatmaps), and for a run ``plfl invert`` attacked its reconstruction (inversion.json's means, inversion.png).
+It stays readable with many runs (a sweep's): short legend labels
 with the details on hover, one colour per run, and a legend click shows or
 hides a run in every figure. plotly.js is embedded, so the page opens offline.
 

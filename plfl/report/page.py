@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import html
 
 import plotly.graph_objects as go
@@ -80,6 +81,29 @@ def runs_table(runs: list[ReportRun]) -> str:
             + f"<td><code>{html.escape(str(run.run_dir))}</code></td></tr>"
         )
     return f"<table>{head}{''.join(rows)}</table>"
+
+
+def inversion_section(runs: list[ReportRun]) -> str:
+    """For the runs ``plfl invert`` attacked: the attack, client, round and batch, mean PSNR (dB), mean SSIM and
+    label accuracy (inversion.json), and inversion.png inline (true images above their reconstructions)."""
+    parts = []
+    for run in runs:
+        if run.inversion is None:
+            continue
+        i, png = run.inversion, run.run_dir / "inversion.png"
+        image = base64.b64encode(png.read_bytes()).decode() if png.is_file() else None
+        parts.append(
+            f"<p>{html.escape(run.label)}: {i['attack'].upper()} on client {i['client']}'s upload of round "
+            f"{i['round']} (B = {i['batch_size']}, privacy.level={html.escape(str(i['privacy']))}): mean PSNR "
+            f"{i['mean_psnr']:.2f} dB, mean SSIM {i['mean_ssim']:.3f}, label accuracy "
+            f"{100 * i['label_accuracy']:.0f} %</p>"
+            + (
+                f'<img alt="true images above their reconstructions" src="data:image/png;base64,{image}">'
+                if image
+                else ""
+            )
+        )
+    return "<h2>Gradient inversion</h2>" + "".join(parts) if parts else ""
 
 
 def suite_table(suite: dict) -> str:
@@ -168,6 +192,7 @@ and each run's method, data set, seed and directory; drag to zoom. A click on a 
 shows it in every figure; a double-click shows it alone.</p>
 {"".join(suite_table(suite) for suite in suites)}
 <div class="table">{runs_table(runs)}</div>
+{inversion_section(runs)}
 {divs}
 <script type="text/javascript">{SYNC_LEGENDS}</script>
 </body>

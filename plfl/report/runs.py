@@ -41,6 +41,7 @@ class ReportRun:
     tables: dict[str, list[Row]] = field(default_factory=dict)  # tables/<name>.csv by name
     config: dict[str, Any] = field(default_factory=dict)  # config.yaml by dotted key, e.g. "method.s"
     label: str = ""  # legend entry, short and unique among the report's runs (see label_runs)
+    inversion: Optional[dict[str, Any]] = None  # inversion.json, where plfl invert attacked the run
 
     @property
     def status(self) -> str:
@@ -78,7 +79,8 @@ class ReportRun:
 
 
 def read_report_run(run_dir: Path) -> ReportRun:
-    """Reads ``run_dir``'s config.yaml, summary.json, metrics.csv, clients.csv and tables/*.csv.
+    """Reads ``run_dir``'s config.yaml, summary.json, metrics.csv, clients.csv and tables/*.csv, and
+    inversion.json where there is one (``plfl invert``).
 
     Failed runs are read too (their summary says ``status: failed``); their
     rounds up to the failure are in the CSV files.
@@ -105,6 +107,9 @@ def read_report_run(run_dir: Path) -> ReportRun:
             read_csv(run_dir / "clients.csv"),
             tables,
             dict(dotted_items(cfg)),
+            inversion=json.loads(inversion.read_text())
+            if (inversion := run_dir / "inversion.json").is_file()
+            else None,
         )
     except (ValueError, KeyError, AttributeError, OSError) as e:  # json, CSV and OmegaConf errors
         raise PlflError(
