@@ -25,6 +25,7 @@ is the client's raw model (the server clips and noises the mean of the uploads, 
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -41,7 +42,7 @@ from plfl.batches import has_batch_norm, last_batch_minimum, training_rows
 from plfl.callbacks.base import FederationCallback, RunInfo
 from plfl.checkpoint import checkpoint_path, read_checkpoint
 from plfl.data import FederatedData, load_federated_data
-from plfl.errors import ConfigError
+from plfl.errors import ConfigError, PlflWarning
 from plfl.experiment import hold_out, run_experiment
 from plfl.methods import method_class
 from plfl.models import models
@@ -50,6 +51,9 @@ from plfl.state import Params
 from plfl.tasks import TrainResult
 
 ATTACKS = ("dlg", "idlg")
+# The relative error ‖g − ∇ℓ(true batch)‖ / ‖∇ℓ(true batch)‖ above which, without noise, g is not that batch's
+# gradient: float32 rounding leaves about 1e-6.
+GRADIENT_TOLERANCE = 1e-3
 # The pixel range each source's images are stored in (plfl.data.loading); the others are normalised per channel
 # with statistics not kept, and are taken over the client's training images (unit_range).
 PIXEL_RANGES = {"digits": (0.0, 1.0), "leaf": (0.0, 1.0), "pfllib": (-1.0, 1.0)}
@@ -327,7 +331,8 @@ def invert(
     """Run the federation of ``cfg`` (validated) to ``round_`` (:func:`plfl.experiment.run_experiment`), take
     client ``client``'s upload of that round as a gradient (:func:`observed_gradient`) at the model it received
     (the checkpoint of round ``round_`` − 1), reconstruct its batch with ``attack`` (dlg, idlg) for ``iterations``
-    L-BFGS iterations from each of ``restarts`` draws, and write ``inversion.json`` and ``inversion.png`` (true
+    L-BFGS iterations from each of ``restarts`` draws (from the stream "inversion" of the run's seed, the round and
+    the client), and write ``inversion.json`` and ``inversion.png`` (true
     images above their reconstructions) into the run directory.
 
     Returns:
@@ -340,6 +345,9 @@ def invert(
     Raises:
         ConfigError: :func:`check_inversion`'s refusals (before any run), or a method whose client does not train
             from the model it received.
+
+    Warns:
+        PlflWarning: without DP in local training, ``gradient_error`` above :data:`GRADIENT_TOLERANCE`.
     """
     config = OmegaConf.to_object(cfg)
     data = participants(load_federated_data(config.data, cfg.federation.seed), cfg)
@@ -367,6 +375,15 @@ def invert(
         torch.cat([(gradient[k] - truth[k]).flatten() for k in names]).norm()
         / torch.cat([t.flatten() for t in truth.values()]).norm()
     )
+    if error > GRADIENT_TOLERANCE and cfg.privacy.level in ("none", "client"):  # no noise in local training
+        warnings.warn(
+            PlflWarning(
+                f"client {client}'s upload of round {round_} differs from the gradient of the batch plfl's batch "
+                f"order gives (relative error {error:.2g}): method.name={cfg.method.name}'s local training is not "
+                "one plain SGD step on it, and the reconstruction is compared with other images."
+            ),
+            stacklevel=2,
+        )
     seed = derive_seed(cfg.federation.seed, round_, client, "inversion")
     shape, k = tuple(data.input_shape), data.num_classes
     if attack == "idlg":

@@ -15,7 +15,7 @@ from plfl.cli import main
 from plfl.data import FederatedData, load_federated_data
 from plfl.data.federated import ClientData
 from plfl.data.vision import read_digits
-from plfl.errors import ConfigError
+from plfl.errors import ConfigError, PlflWarning
 from plfl.experiment import run_experiment
 from plfl.inversion import (
     UploadRecorder,
@@ -197,6 +197,14 @@ def test_what_is_not_one_observed_gradient_is_refused_before_a_run(
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
         invert(cfg, client, round_, attack, 5)
     assert not any(tmp_path.rglob("config.yaml"))  # no run directory
+
+
+def test_an_upload_that_is_not_the_batchs_gradient_is_named(digits_config, tmp_path, monkeypatch):
+    cfg = one_step(digits_config, tmp_path, **{"federation.batch_size": 1})
+    monkeypatch.setattr("plfl.inversion.true_batch", lambda *args: torch.tensor([0]))  # not the trained sample
+    with pytest.warns(PlflWarning, match="differs from the gradient of the batch plfl's batch order gives"):
+        _, report = invert(cfg, 1, 1, "idlg", 5)
+    assert report["gradient_error"] > 1e-3
 
 
 def test_plfl_invert_refuses_no_iterations(tmp_path, capsys):
