@@ -42,7 +42,7 @@ from plfl.batches import has_batch_norm, last_batch_minimum, training_rows
 from plfl.callbacks.base import FederationCallback, RunInfo
 from plfl.checkpoint import checkpoint_path, read_checkpoint
 from plfl.data import FederatedData, load_federated_data
-from plfl.errors import ConfigError, PlflWarning
+from plfl.errors import ConfigError, FederationError, PlflWarning
 from plfl.experiment import hold_out, run_experiment
 from plfl.methods import method_class
 from plfl.models import models
@@ -345,6 +345,7 @@ def invert(
     Raises:
         ConfigError: :func:`check_inversion`'s refusals (before any run), or a method whose client does not train
             from the model it received.
+        FederationError: the client's training in that round failed (no upload).
 
     Warns:
         PlflWarning: without DP in local training, ``gradient_error`` above :data:`GRADIENT_TOLERANCE`.
@@ -365,6 +366,11 @@ def invert(
             f"method.name={cfg.method.name}'s client does not start its training from the whole model the server "
             "sent, so its upload is not one gradient at a model the server knows. Choose a method whose clients "
             "train the received model, e.g. method=fedavg."
+        )
+    if recorder.upload is None:  # the loop warned and left the client out
+        raise FederationError(
+            f"client {client}'s local training in round {round_} failed, so it uploaded nothing (the run's warning "
+            "says why). Choose another client or round, or lower federation.lr."
         )
     gradient = observed_gradient(sent, recorder.upload, cfg.federation.lr, names)
     index = true_batch(cfg, data, model, client, round_)

@@ -15,7 +15,7 @@ from plfl.cli import main
 from plfl.data import FederatedData, load_federated_data
 from plfl.data.federated import ClientData
 from plfl.data.vision import read_digits
-from plfl.errors import ConfigError, PlflWarning
+from plfl.errors import ConfigError, FederationError, PlflWarning
 from plfl.experiment import run_experiment
 from plfl.inversion import (
     UploadRecorder,
@@ -205,6 +205,12 @@ def test_an_upload_that_is_not_the_batchs_gradient_is_named(digits_config, tmp_p
     with pytest.warns(PlflWarning, match="differs from the gradient of the batch plfl's batch order gives"):
         _, report = invert(cfg, 1, 1, "idlg", 5)
     assert report["gradient_error"] > 1e-3
+
+
+def test_a_client_that_uploaded_nothing_is_named(digits_config, tmp_path, monkeypatch):
+    monkeypatch.setattr(UploadRecorder, "on_client_end", lambda *args: None)  # as if its training had failed
+    with pytest.raises(FederationError, match="client 1's local training in round 1 failed, so it uploaded nothing"):
+        invert(one_step(digits_config, tmp_path, **{"federation.batch_size": 1}), 1, 1, "idlg", 5)
 
 
 def test_plfl_invert_refuses_no_iterations(tmp_path, capsys):
