@@ -49,7 +49,7 @@ def mlp(seed=0):
     return model, {k: v.detach().double() for k, v in model.state_dict().items()}
 
 
-def one_step(digits_config, tmp_path, **overrides):
+def one_step(digits_config, **overrides):
     return digits_config(**{"federation.local_steps": 1, "federation.rounds": 2, **overrides})
 
 
@@ -67,9 +67,7 @@ def test_one_sgd_step_gives_back_the_gradient_of_its_batch(digits):
 
 
 def test_the_observed_upload_is_the_gradient_of_the_batch_the_client_trained_on(digits_config, tmp_path):
-    cfg = one_step(
-        digits_config, tmp_path, **{"federation.batch_size": 4, "checkpoint_every": 1, "keep_checkpoints": 2}
-    )
+    cfg = one_step(digits_config, **{"federation.batch_size": 4, "checkpoint_every": 1, "keep_checkpoints": 2})
     client, round_ = 3, 2
     recorder = UploadRecorder(client, round_)
     run_dir, _ = run_experiment(cfg, callbacks=[recorder])
@@ -163,7 +161,7 @@ def test_plfl_invert_writes_its_json_and_image_and_prints_the_table(digits_confi
 
 
 def test_dlg_on_a_batch_of_eight_reports_every_image(digits_config, tmp_path):
-    cfg = one_step(digits_config, tmp_path, **{"federation.batch_size": 8})
+    cfg = one_step(digits_config, **{"federation.batch_size": 8})
     run_dir, report = invert(cfg, 0, 1, "dlg", 20)
     assert len(report["psnr"]) == len(report["recovered_labels"]) == 8 and report["batch_size"] == 8
     assert report["mean_psnr"] == pytest.approx(sum(report["psnr"]) / 8)
@@ -193,14 +191,14 @@ def test_dlg_on_a_batch_of_eight_reports_every_image(digits_config, tmp_path):
 def test_what_is_not_one_observed_gradient_is_refused_before_a_run(
     digits_config, tmp_path, overrides, client, round_, attack, message
 ):
-    cfg = one_step(digits_config, tmp_path, **{"federation.batch_size": 1, **overrides})
+    cfg = one_step(digits_config, **{"federation.batch_size": 1, **overrides})
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
         invert(cfg, client, round_, attack, 5)
     assert not any(tmp_path.rglob("config.yaml"))  # no run directory
 
 
 def test_an_upload_that_is_not_the_batchs_gradient_is_named(digits_config, tmp_path, monkeypatch):
-    cfg = one_step(digits_config, tmp_path, **{"federation.batch_size": 1})
+    cfg = one_step(digits_config, **{"federation.batch_size": 1})
     monkeypatch.setattr("plfl.inversion.true_batch", lambda *args: torch.tensor([0]))  # not the trained sample
     with pytest.warns(PlflWarning, match="differs from the gradient of the batch plfl's batch order gives"):
         _, report = invert(cfg, 1, 1, "idlg", 5)
@@ -210,7 +208,7 @@ def test_an_upload_that_is_not_the_batchs_gradient_is_named(digits_config, tmp_p
 def test_a_client_that_uploaded_nothing_is_named(digits_config, tmp_path, monkeypatch):
     monkeypatch.setattr(UploadRecorder, "on_client_end", lambda *args: None)  # as if its training had failed
     with pytest.raises(FederationError, match="client 1's local training in round 1 failed, so it uploaded nothing"):
-        invert(one_step(digits_config, tmp_path, **{"federation.batch_size": 1}), 1, 1, "idlg", 5)
+        invert(one_step(digits_config, **{"federation.batch_size": 1}), 1, 1, "idlg", 5)
 
 
 def test_plfl_invert_refuses_no_iterations(tmp_path, capsys):
@@ -223,10 +221,10 @@ def test_text_data_are_refused(digits_config, tmp_path):
     client = ClientData(tokens, labels, tokens, labels)
     data = FederatedData("agnews", [client], 4, (5,), vocab_size=100)
     with pytest.raises(ConfigError, match=r"plfl invert reconstructs images \(C, H, W\), but agnews's inputs"):
-        check_inversion(one_step(digits_config, tmp_path), data, 0, 1, "dlg")
+        check_inversion(one_step(digits_config), data, 0, 1, "dlg")
 
 
 def test_a_client_that_does_not_train_the_received_model_is_refused(digits_config, tmp_path):
-    cfg = one_step(digits_config, tmp_path, **{"method.name": "fedala", "federation.rounds": 2})
+    cfg = one_step(digits_config, **{"method.name": "fedala", "federation.rounds": 2})
     with pytest.raises(ConfigError, match="method.name=fedala's client does not start its training from the whole"):
         invert(cfg, 0, 2, "dlg", 5)
