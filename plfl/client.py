@@ -23,6 +23,8 @@ from torch import nn
 from plfl.activity import current as activity
 from plfl.batches import EVAL_BATCH_SIZE, batch_loader, has_batch_norm, last_batch_minimum
 from plfl.models import channels_last
+from plfl.privacy import noise_generator, per_sample_gradients
+from plfl.sections import DPSGDNoise
 from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import EvalResult, ProximalTerm, TrainResult
@@ -54,7 +56,10 @@ class ClientModule(L.LightningModule):
     test mode, the accuracy (torchmetrics) and mean loss on a client's test split.
     ``train_transform(x, generator)`` (e.g. :func:`plfl.data.augment.random_crop_flip`) maps each
     training batch's inputs before the forward pass, drawing from ``self.generator``, which
-    :class:`LocalTrainer` seeds for every fit; evaluation never transforms.
+    :class:`LocalTrainer` seeds for every fit; evaluation never transforms. With ``dp_sgd``, every step is DP-SGD
+    (:mod:`plfl.privacy`): Opacus' ``DPOptimizer`` around the SGD, at expected batch size ``batch_size``, its noise
+    drawn from ``self.noise``, which :class:`LocalTrainer` seeds for every fit; a proximal term's gradient is added
+    after the noise.
     """
 
     def __init__(
@@ -64,6 +69,8 @@ class ClientModule(L.LightningModule):
         lr: float,
         momentum: float = 0.0,
         train_transform: Optional[Callable[[torch.Tensor, torch.Generator], torch.Tensor]] = None,
+        dp_sgd: Optional[DPSGDNoise] = None,
+        batch_size: int = 1,
     ):
         super().__init__()
         self.model = channels_last(model)
@@ -77,6 +84,8 @@ class ClientModule(L.LightningModule):
         self.proximal: Optional[ProximalTerm] = None  # set by LocalTrainer.train for one fit
         self.train_transform = train_transform
         self.generator = torch.Generator()  # reseeded by LocalTrainer.train for every fit
+        self.dp_sgd, self.batch_size = dp_sgd, batch_size
+        self.noise: Optional[torch.Generator] = None  # DP-SGD's, made on the fit's device by LocalTrainer.train
         # Lightning's manual optimization: the same zero_grad, backward and step per batch, without the
         # automatic loop's closure and its per-step hook calls (measured in the commit that added this).
         self.automatic_optimization = False
@@ -125,7 +134,7 @@ class ClientModule(L.LightningModule):
         loss = F.cross_entropy(self.model(x), y)
         self._step_losses.append((loss.detach(), len(y)))  # summed in on_train_end
         self.samples_seen += len(y)
-        if self.proximal is not None:
+        if self.proximal is not None and self.dp_sgd is None:  # DP-SGD adds its gradient after the noise
             loss = loss + self.proximal.penalty(self.model)
         self.manual_backward(loss)
         optimizer.step()
@@ -146,7 +155,28 @@ class ClientModule(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        return torch.optim.SGD(trainable, lr=self.lr, momentum=self.momentum)
+        sgd = torch.optim.SGD(trainable, lr=self.lr, momentum=self.momentum)
+        if self.dp_sgd is None:
+            return sgd
+        from opacus.optimizers import DPOptimizer  # only runs with privacy.level=sample need Opacus
+
+        optimizer = DPOptimizer(
+            sgd,
+            noise_multiplier=self.dp_sgd.noise_multiplier,
+            max_grad_norm=self.dp_sgd.max_grad_norm,
+            expected_batch_size=self.batch_size,
+            loss_reduction="mean",
+            generator=self.noise,
+        )
+        if self.proximal is not None:  # its gradient does not depend on the samples: added to the noised one
+            optimizer.attach_step_hook(lambda _: self._add_proximal_gradient(trainable))
+        return optimizer
+
+    def _add_proximal_gradient(self, trainable: list[nn.Parameter]) -> None:
+        with torch.enable_grad():
+            gradients = torch.autograd.grad(self.proximal.penalty(self.model), trainable)
+        for p, g in zip(trainable, gradients):
+            p.grad += g
 
     @property
     def mean_train_loss(self) -> float:
@@ -211,11 +241,19 @@ class LocalTrainer:
         self.module.proximal = proximal
         # Seeded per fit, not once per run: a fit's draws depend only on its seed (and so survive a resume).
         self.module.generator.manual_seed(derive_seed(seed, 0, 0, "augmentation"))
+        samples = None
+        if self.module.dp_sgd is not None:
+            self.module.noise = noise_generator(seed, device)
+            samples = per_sample_gradients(model)
         try:
             with quiet_lightning():
                 self.trainer.fit(self.module, train_dataloaders=loader)
         finally:
             self.module.proximal = None
+            if samples is not None:
+                samples.remove_hooks()
+                for p in model.parameters():
+                    p.grad_sample = None
         for p in model.parameters():
             p.requires_grad_(True)
         trained = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}

@@ -297,19 +297,31 @@ def _check_privacy(config: ExperimentConfig) -> None:
             "aggregation.rule=mean (clipping already bounds each client's influence) or privacy.level=none."
         )
     adaptive_keys = ("target_quantile", "clip_lr", "quantile_noise")
+    # The keys each level reads (level itself aside): a key the chosen level does not read holds its default.
+    reads = {
+        "none": (),
+        "client": ("noise_multiplier", "clip", "adaptive", *adaptive_keys, "delta", "accountant"),
+        "sample": ("noise_multiplier", "max_grad_norm", "target_epsilon", "delta", "accountant"),
+    }
     for f in dataclasses.fields(privacy):
         value = getattr(privacy, f.name)
         if f.name == "level" or value == default_of(f):
             continue
-        if privacy.level == "none":
+        if f.name not in reads[privacy.level]:
+            users = [level for level, keys in reads.items() if f.name in keys]
             raise ConfigError(
-                f"privacy.{f.name}={as_yaml(value)} is read only by privacy.level=client, not by privacy.level=none. "
-                f"Remove privacy.{f.name} (or set privacy.level=client)."
+                f"privacy.{f.name}={as_yaml(value)} is read only by privacy.level={' or '.join(users)}, not by "
+                f"privacy.level={privacy.level}. Remove privacy.{f.name} (or set privacy.level={users[0]})."
             )
         if f.name in adaptive_keys and not privacy.adaptive:
             raise ConfigError(
                 f"privacy.{f.name}={as_yaml(value)} is read only by privacy.adaptive=true, not by fixed clipping. "
                 f"Remove privacy.{f.name} (or set privacy.adaptive=true)."
+            )
+        if f.name == "noise_multiplier" and privacy.target_epsilon is not None:
+            raise ConfigError(
+                f"privacy.noise_multiplier={as_yaml(value)} with privacy.target_epsilon={privacy.target_epsilon}: "
+                "σ is computed from the target ε. Remove one of them."
             )
 
 

@@ -10,8 +10,10 @@ from typing import Any, Callable, Optional
 
 import lightning as L
 from omegaconf import DictConfig, OmegaConf
+from torch import nn
 
 from plfl.attacks import Attack, check_attack, check_images, flip_labels, plant_backdoor, triggered_test_clients
+from plfl.batches import has_batch_norm, last_batch_minimum
 from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, RunStart, WandbRun
 from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
@@ -25,7 +27,7 @@ from plfl.federation import FederationLoop
 from plfl.methods import build_method, method_class
 from plfl.methods.base import FederationContext
 from plfl.models import models
-from plfl.privacy import ClientLevelDP
+from plfl.privacy import ClientLevelDP, SampleLevelDP, local_steps, noise_multiplier_for
 from plfl.seeding import clients_per_round, malicious_clients, unseen_clients
 from plfl.state import ClientStateStore
 from plfl.system import SystemSimulation
@@ -97,8 +99,9 @@ def run_experiment(
         num_clients = len(participants.clients)
         sampled = clients_per_round(num_clients, config.federation.join_ratio)
         privacy = ClientLevelDP(config.privacy, config.federation.seed, sampled, num_clients)
+    dp_sgd = sample_level_dp(config, participants, model) if config.privacy.level == "sample" else None
     context = FederationContext(
-        participants, store, config.federation, model, config.data.augment, config.aggregation, privacy
+        participants, store, config.federation, model, config.data.augment, config.aggregation, privacy, dp_sgd
     )
     method = build_method(config.method, context, initial_params)
     check_attack(config.attack, method.name, method.uploads_model)
@@ -116,7 +119,7 @@ def run_experiment(
     # The executor holds every client's data: the participants', then the unseen clients' (ids from N on), then,
     # with a backdoor, each participant's triggered test images (ids from N + U on).
     executor = build_executor(
-        config.work,
+        config.work if dp_sgd is None else dataclasses.replace(config.work, dp_sgd=dp_sgd.noise),
         config.executor_options,
         dataclasses.replace(data, clients=participants.clients + unseen + triggered),
         model,
@@ -139,6 +142,37 @@ def run_experiment(
     finally:
         context.store.close()  # the offload files: the checkpoints hold what a resumed run needs
         executor.close()
+
+
+def sample_level_dp(config: ExperimentConfig, participants: FederatedData, model: nn.Module) -> SampleLevelDP:
+    """The clients' sample-level DP (``privacy.level=sample``): σ from ``privacy.noise_multiplier``, or the one at
+    which a client that trains in every round reaches ``privacy.target_epsilon`` (one local training per round).
+
+    Raises:
+        ConfigError: a model with BatchNorm layers, whose per-sample gradients are not defined, or Opacus missing.
+    """
+    if has_batch_norm(model):
+        raise ConfigError(
+            f"privacy.level=sample clips each sample's gradient, which a BatchNorm layer of model.name="
+            f"{config.model.name} does not have: it normalises each sample by its batch's statistics (Opacus refuses "
+            "it too). Choose a model without BatchNorm (GroupNorm normalises each sample alone), or set "
+            "privacy.level=none."
+        )
+    federation, privacy = config.federation, config.privacy
+    min_last = last_batch_minimum(federation.batch_size, False, drop_last=federation.drop_last)
+    sigma = privacy.noise_multiplier
+    if privacy.target_epsilon is not None:
+        length = federation.local_length()
+        trainings = {
+            (
+                min(1.0, federation.batch_size / c.num_train),
+                federation.rounds
+                * local_steps(c.num_train, federation.batch_size, length.get("epochs"), length.get("steps"), min_last),
+            )
+            for c in participants.clients
+        }
+        sigma = noise_multiplier_for(privacy, {t for t in trainings if t[1]})
+    return SampleLevelDP(privacy, sigma, federation.batch_size, min_last)
 
 
 def hold_out(data: FederatedData, unseen: list[int]) -> tuple[FederatedData, list[ClientData]]:

@@ -31,7 +31,10 @@ every evaluation also tests each client's model on its triggered test images (``
 
 Client-level DP (``privacy.level=client``, :mod:`plfl.privacy`): the method's mean of client models is DP-FedAvg's;
 each round logs ``epsilon`` so far and the clip norm (``clip``), the summary the final ``epsilon``, its ``delta``
-and the ``accountant``, and the checkpoint the clip norm and the rounds accounted (``privacy``).
+and the ``accountant``, and the checkpoint the clip norm and the rounds accounted (``privacy``). Sample-level DP
+(``privacy.level=sample``): clients.csv gives each client's ``epsilon``, metrics.csv the largest (``epsilon_max``),
+the summary the largest and mean with σ, δ and the accountant, and the checkpoint each client's accountant
+history (``dp_sgd``).
 
 The per-client work of each phase (training with ``post_train``, the
 broadcast's ``pre_local_init``, evaluation) goes through one executor
@@ -172,6 +175,8 @@ class FederationLoop:
         row.update(self.method.round_metrics(round_))
         if self.context.privacy is not None:
             row.update(self.context.privacy.round_metrics())
+        if self.context.dp_sgd is not None:
+            row.update(self.context.dp_sgd.round_metrics())
         if self.best is not None:
             row["best_accuracy"], row["best_round"] = self.best
         row["seconds"] = time.perf_counter() - start
@@ -378,6 +383,8 @@ class FederationLoop:
                 row.update(global_correct=global_results[i].correct, global_accuracy=global_results[i].accuracy)
             if self.attack is not None:
                 row["malicious"] = i in self.attack.malicious
+            if self.context.dp_sgd is not None:
+                row["epsilon"] = self.context.dp_sgd.epsilon(i)
             rows.append(row)
         return metrics, rows
 
@@ -467,6 +474,8 @@ class FederationLoop:
         }
         if self.context.privacy is not None:
             summary.update(self.context.privacy.summary())
+        if self.context.dp_sgd is not None:
+            summary.update(self.context.dp_sgd.summary(self.num_clients))
         if self.attack is not None:
             summary["malicious_clients"] = sorted(self.attack.malicious)
         if self.attack is not None and self.attack.config.kind == "backdoor":
@@ -502,6 +511,7 @@ class FederationLoop:
             "received": self.received,
             "rng": global_rng_state(),
             **({"privacy": self.context.privacy.state_dict()} if self.context.privacy is not None else {}),
+            **({"dp_sgd": self.context.dp_sgd.state_dict()} if self.context.dp_sgd is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -523,6 +533,8 @@ class FederationLoop:
         self.received = state["received"]
         if self.context.privacy is not None:
             self.context.privacy.load_state_dict(state["privacy"])
+        if self.context.dp_sgd is not None:
+            self.context.dp_sgd.load_state_dict(state["dp_sgd"])
         set_global_rng_state(state["rng"])
 
     def _emit(self, hook: str, *args: Any) -> None:

@@ -1,4 +1,5 @@
-"""Client-level differential privacy (``privacy.level=client``): DP-FedAvg's server rule and its accountant.
+"""Differential privacy: client-level (``privacy.level=client``), DP-FedAvg's server rule and its accountant;
+sample-level (``privacy.level=sample``), DP-SGD's private gradient and each client's accountant.
 
 DP-FedAvg (McMahan et al., *Learning Differentially Private Recurrent Language Models*, ICLR 2018,
 arXiv:1710.06963, Alg. 1) with fixed clipping, and adaptive clipping (Andrew et al., *Differentially Private
@@ -23,17 +24,32 @@ every executor and resumes bit for bit; the clip norm C is the only state (:meth
 q = (clients sampled per round) / (participating clients) per aggregated round. They assume each client is
 sampled independently with probability q (Poisson sampling); plfl samples a fixed number without replacement,
 the usual approximation.
+
+Sample-level DP is DP-SGD (Abadi et al., *Deep Learning with Differential Privacy*, CCS 2016, arXiv:1607.00133,
+Alg. 1) in every local step of every client: with the batch's per-sample gradients g_j over the trainable
+parameters, the clip norm C, the noise multiplier σ and the expected batch size B (``federation.batch_size``; a
+short last batch is divided by B too, as Opacus does),
+
+    g̃ = (Σ_j g_j · min(1, C / (‖g_j‖₂ + 10⁻⁶)) + N(0, σ²C²)) / B     (:func:`private_gradient`)
+
+then the optimiser's step (a proximal term's gradient, which does not depend on the data, is added to g̃). The
+10⁻⁶ is Opacus' (``DPOptimizer.clip_and_accumulate``). The sequential executor runs Opacus' ``GradSampleModule``
+and ``DPOptimizer``; the vectorized one computes the same with ``torch.func`` and draws the noise as Opacus does
+(:func:`dp_sgd_noise`), each client's from a generator seeded by its training task's seed
+(:func:`noise_generator`), so that both give the same numbers. Each client's ε comes from its own Opacus
+accountant, one step of sample rate q = B / n per local step on n training samples (:class:`SampleLevelDP`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
+from plfl.batches import epoch_size
 from plfl.errors import ConfigError
-from plfl.sections import PrivacyConfig
+from plfl.sections import DPSGDNoise, PrivacyConfig
 from plfl.seeding import derive_seed
 from plfl.state import Params
 
@@ -192,7 +208,155 @@ class ClientLevelDP:
             self.accountant.step(noise_multiplier=self.config.noise_multiplier, sample_rate=self.sample_rate)
 
 
-def new_accountant(name: str) -> Any:
+def noise_generator(seed: int, device: torch.device) -> torch.Generator:
+    """The generator of DP-SGD's noise in a training seeded ``seed`` (a task's seed, itself derived from the run's
+    seed, the round, the client and the training's stream), on ``device``: stream ``dp_sgd_noise``."""
+    return torch.Generator(device).manual_seed(derive_seed(seed, 0, 0, "dp_sgd_noise"))
+
+
+def per_sample_gradients(model: torch.nn.Module) -> Any:
+    """Opacus' ``GradSampleModule`` hooks on ``model``'s layers: each backward pass of a batch-mean loss through
+    ``model`` leaves every trainable parameter's (B, *shape) per-sample gradients in ``p.grad_sample``, which
+    ``DPOptimizer`` clips and noises. The caller removes them (``remove_hooks``) after training. In-place
+    activations (plfl's ``nn.ReLU(inplace=True)``) are switched to out-of-place for good: the same values, and
+    Opacus' backward hooks refuse a view modified in place.
+
+    Raises:
+        ConfigError: Opacus is not installed.
+    """
+    new_accountant("rdp", "sample")  # the install hint, when Opacus is missing
+    from opacus import GradSampleModule
+
+    for module in model.modules():
+        if getattr(module, "inplace", False):
+            module.inplace = False
+    return GradSampleModule(model, loss_reduction="mean")
+
+
+def dp_sgd_noise(shape: torch.Size, std: float, generator: torch.Generator) -> torch.Tensor:
+    """N(0, ``std``²) per scalar of a tensor of ``shape`` (float32), on ``generator``'s device: Opacus'
+    ``_generate_noise`` draw, one call per parameter in the optimiser's order."""
+    return torch.normal(mean=0, std=std, size=tuple(shape), device=generator.device, generator=generator)
+
+
+def private_gradient(
+    per_sample: Sequence[torch.Tensor],
+    mask: torch.Tensor,
+    noise: Sequence[torch.Tensor],
+    max_grad_norm: float,
+    batch_size: int,
+) -> list[torch.Tensor]:
+    """DP-SGD's gradient (Abadi et al., CCS 2016, Alg. 1; see the module docstring): (Σ_j m_j g_j ·
+    min(1, C / (‖g_j‖₂ + 10⁻⁶)) + noise) / B, per parameter.
+
+    Args:
+        per_sample: per parameter, the (W, *shape) gradients of the W samples' losses.
+        mask: (W,) 1 for a real sample, 0 for padding.
+        noise: per parameter, the (*shape) draw N(0, σ²C²) (:func:`dp_sgd_noise`).
+        max_grad_norm: C; batch_size: B, the expected batch size.
+    """
+    norms = torch.stack([g.reshape(len(g), -1).norm(2, dim=-1) for g in per_sample], dim=1).norm(2, dim=1)
+    factor = (max_grad_norm / (norms + 1e-6)).clamp(max=1.0) * mask
+    return [(torch.einsum("i,i...", factor, g) + z) / batch_size for g, z in zip(per_sample, noise)]
+
+
+def local_steps(n: int, batch_size: int, epochs: Optional[int], steps: Optional[int], min_last: int) -> int:
+    """The SGD steps of a training on n samples for ``epochs`` epochs or ``steps`` steps, a last batch of fewer
+    than ``min_last`` samples skipped (:func:`plfl.batches.training_rows`' batches)."""
+    per_epoch = -(-epoch_size(n, batch_size, min_last) // batch_size)
+    if not per_epoch:
+        return 0
+    return steps if steps is not None else epochs * per_epoch
+
+
+class SampleLevelDP:
+    """Each client's sample-level DP accountant (``privacy.level=sample``): one Opacus accountant per client,
+    one step of DP-SGD's Gaussian mechanism (noise multiplier σ, sample rate q = B / n) per local step.
+
+    Args:
+        config: the ``privacy.*`` keys.
+        noise_multiplier: σ (``privacy.noise_multiplier``, or :func:`noise_multiplier_for` the target ε).
+        batch_size: B, ``federation.batch_size``.
+        min_last: the fewest samples a last batch holds to be trained on.
+    """
+
+    def __init__(self, config: PrivacyConfig, noise_multiplier: float, batch_size: int, min_last: int):
+        self.config, self.noise_multiplier = config, noise_multiplier
+        self.batch_size, self.min_last = batch_size, min_last
+        self.accountants: dict[int, Any] = {}
+
+    @property
+    def noise(self) -> DPSGDNoise:
+        """What the executors read: σ and C."""
+        return DPSGDNoise(self.noise_multiplier, self.config.max_grad_norm)
+
+    def account(self, client_id: int, n: int, epochs: Optional[int], steps: Optional[int]) -> None:
+        """A training of client ``client_id`` on n samples for ``epochs`` epochs or ``steps`` steps."""
+        taken = local_steps(n, self.batch_size, epochs, steps, self.min_last)
+        if not taken:
+            return
+        if client_id not in self.accountants:
+            self.accountants[client_id] = new_accountant(self.config.accountant, "sample")
+        rate = min(1.0, self.batch_size / n)
+        for _ in range(taken):  # Opacus merges equal steps into one history entry
+            self.accountants[client_id].step(noise_multiplier=self.noise_multiplier, sample_rate=rate)
+
+    def epsilon(self, client_id: int) -> float:
+        """ε of (ε, ``privacy.delta``)-DP of the client's training samples so far (0 before its first step)."""
+        accountant = self.accountants.get(client_id)
+        return float(accountant.get_epsilon(delta=self.config.delta)) if accountant is not None else 0.0
+
+    def round_metrics(self) -> dict[str, float]:
+        """The largest client ε so far (``epsilon_max``)."""
+        return {"epsilon_max": max(map(self.epsilon, self.accountants), default=0.0)}
+
+    def summary(self, num_clients: int) -> dict[str, Any]:
+        """The largest and mean ε of the ``num_clients`` clients, σ, δ and the accountant."""
+        epsilons = [self.epsilon(c) for c in range(num_clients)]
+        return {
+            "epsilon_max": max(epsilons, default=0.0),
+            "epsilon_mean": sum(epsilons) / len(epsilons) if epsilons else 0.0,
+            "noise_multiplier": self.noise_multiplier,
+            "delta": self.config.delta,
+            "accountant": self.config.accountant,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each client's accountant history: [σ, q, steps] entries."""
+        return {c: [list(entry) for entry in a.history] for c, a in self.accountants.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.accountants = {}
+        for client_id, history in state.items():
+            accountant = self.accountants[client_id] = new_accountant(self.config.accountant, "sample")
+            accountant.history = [tuple(entry) for entry in history]
+
+
+def noise_multiplier_for(config: PrivacyConfig, trainings: set[tuple[float, int]]) -> float:
+    """The σ at which every client reaches at most ``privacy.target_epsilon`` at ``privacy.delta``: the largest
+    of Opacus' ``get_noise_multiplier`` (within its tolerance, 0.01) over ``trainings``, the distinct (sample
+    rate q, local steps of the whole run) of the clients.
+
+    Raises:
+        ConfigError: Opacus is not installed.
+    """
+    new_accountant(config.accountant, "sample")  # the install hint, when Opacus is missing
+    from opacus.accountants.utils import get_noise_multiplier
+
+    return max(
+        get_noise_multiplier(
+            target_epsilon=config.target_epsilon,
+            target_delta=config.delta,
+            sample_rate=rate,
+            steps=steps,
+            accountant=config.accountant,
+        )
+        for rate, steps in trainings
+    )
+
+
+def new_accountant(name: str, level: str = "client") -> Any:
     """A fresh Opacus accountant: ``rdp`` (``RDPAccountant``, Rényi DP; Mironov, 2017) or ``prv``
     (``PRVAccountant``, privacy loss random variables; Gopi et al., NeurIPS 2021).
 
@@ -203,7 +367,7 @@ def new_accountant(name: str) -> Any:
         from opacus.accountants import PRVAccountant, RDPAccountant  # only runs with privacy need Opacus
     except ImportError:
         raise ConfigError(
-            "privacy.level=client accounts for ε with Opacus, which is not installed: pip install 'plfl[privacy]' "
+            f"privacy.level={level} accounts for ε with Opacus, which is not installed: pip install 'plfl[privacy]' "
             "(or set privacy.level=none)."
         ) from None
     return {"rdp": RDPAccountant, "prv": PRVAccountant}[name]()

@@ -237,26 +237,31 @@ class AttackConfig:
     )
 
 
-PRIVACY_LEVELS = ("none", "client")
+PRIVACY_LEVELS = ("none", "client", "sample")
 ACCOUNTANTS = ("rdp", "prv")
 
 
 @dataclass
 class PrivacyConfig:
     """Differential privacy (``privacy.*``): at the client level, DP-FedAvg's clipped and noised mean of the
-    clients' updates, with fixed or adaptive clipping, and ε from Opacus' accountant (:mod:`plfl.privacy`)."""
+    clients' updates, with fixed or adaptive clipping; at the sample level, DP-SGD in every local step; ε from
+    Opacus' accountant (:mod:`plfl.privacy`)."""
 
     level: str = one_of(
         "none",
         PRIVACY_LEVELS,
         "none; client: client-level DP (DP-FedAvg, McMahan et al., ICLR 2018): each round's client updates "
-        "clipped to norm privacy.clip, averaged unweighted and noised; needs Opacus (pip install 'plfl[privacy]')",
+        "clipped to norm privacy.clip, averaged unweighted and noised; sample: sample-level DP (DP-SGD, Abadi et al., "
+        "CCS 2016) in every local step of every client, per-sample gradients clipped to privacy.max_grad_norm and "
+        "noised; both need Opacus (pip install 'plfl[privacy]')",
     )
     noise_multiplier: float = checked(
         1.0,
         lambda v: v > 0,
         "a number > 0",
-        "client: z, the Gaussian noise's standard deviation over the clip norm (per scalar, z C / m for m uploads)",
+        "client: z, the Gaussian noise's standard deviation over the clip norm (per scalar, z C / m for m uploads); "
+        "sample: σ, the noise's standard deviation over privacy.max_grad_norm (per scalar, σ C / B for batch size "
+        "B); with privacy.target_epsilon it is computed and must not be set",
     )
     clip: float = checked(
         1.0,
@@ -287,13 +292,29 @@ class PrivacyConfig:
         "privacy.noise_multiplier / 2 (null: m / 20 for m clients sampled per round, as Andrew et al.'s experiments)",
     )
     delta: float = checked(
-        1e-5, lambda v: 0 < v < 1, "a number in (0, 1)", "client: δ of the (ε, δ)-DP guarantee that ε is reported for"
+        1e-5,
+        lambda v: 0 < v < 1,
+        "a number in (0, 1)",
+        "client, sample: δ of the (ε, δ)-DP guarantee that ε is reported for",
     )
     accountant: str = one_of(
         "rdp",
         ACCOUNTANTS,
-        "client: Opacus' accountant of ε: rdp (Rényi DP) or prv (privacy loss random variables); both assume "
-        "Poisson sampling of clients",
+        "client, sample: Opacus' accountant of ε: rdp (Rényi DP) or prv (privacy loss random variables); both "
+        "assume Poisson sampling (of clients; of samples)",
+    )
+    max_grad_norm: float = checked(
+        1.0,
+        lambda v: v > 0,
+        "a number > 0",
+        "sample: C, the largest L2 norm of a sample's gradient (over every trainable parameter) in DP-SGD",
+    )
+    target_epsilon: Optional[float] = checked(
+        None,
+        lambda v: v is None or v > 0,
+        "null or a number > 0",
+        "sample: the ε (at privacy.delta) that a client training in every round reaches after the last round; "
+        "σ is then computed by Opacus' get_noise_multiplier (null: σ is privacy.noise_multiplier)",
     )
 
 
@@ -308,3 +329,13 @@ class TrainerConfig:
         "Lightning's precision (32-true, bf16-mixed, ...); 32-true is IEEE float32 on a GPU too (TF32 off), so "
         "GPU and CPU runs agree to float rounding",
     )
+
+
+@dataclass(frozen=True)
+class DPSGDNoise:
+    """What every executor reads of sample-level DP (``privacy.level=sample``): DP-SGD's noise multiplier σ
+    (``privacy.noise_multiplier``, or the one computed for ``privacy.target_epsilon``) and its per-sample clip
+    norm C (``privacy.max_grad_norm``)."""
+
+    noise_multiplier: float
+    max_grad_norm: float

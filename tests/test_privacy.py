@@ -119,7 +119,7 @@ def test_a_method_that_does_not_average_models_refuses_client_dp(digits_config):
         ({"privacy.level": "client", "aggregation.rule": "median"}, "with aggregation.rule=median: client-level DP"),
         ({"privacy.clip": 2.0}, "privacy.clip=2.0 is read only by privacy.level=client"),
         ({"privacy.level": "client", "privacy.clip_lr": 0.1}, "privacy.clip_lr=0.1 is read only by privacy.adaptive"),
-        ({"privacy.level": "sample"}, "'privacy.level' must be one of none, client"),
+        ({"privacy.level": "user"}, "'privacy.level' must be one of none, client, sample"),
     ],
 )
 def test_keys_that_client_dp_cannot_follow_are_refused(digits_config, options, message):

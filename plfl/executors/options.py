@@ -9,17 +9,19 @@ from typing import Optional
 
 from plfl.cluster import import_ray
 from plfl.fields import Component, checked, documented, registry
-from plfl.sections import FederationConfig, TrainerConfig
+from plfl.sections import DPSGDNoise, FederationConfig, TrainerConfig
 
 
 @dataclass(frozen=True)
 class ClientWorkOptions:
     """What every executor reads of a run's config: the local training (``federation.*``), the Lightning
-    Trainer's options (``trainer.*``) and whether training batches are augmented (``data.augment``)."""
+    Trainer's options (``trainer.*``), whether training batches are augmented (``data.augment``) and, with
+    ``privacy.level=sample``, DP-SGD's noise in every local step."""
 
     federation: FederationConfig
     trainer: TrainerConfig
     augment: bool = False
+    dp_sgd: Optional[DPSGDNoise] = None
 
 
 @dataclass

@@ -66,6 +66,8 @@ class SequentialExecutor:
             federation.lr,
             federation.momentum,
             train_transform=augmentation(work.augment, data),
+            dp_sgd=work.dp_sgd,
+            batch_size=federation.batch_size,
         )
         trainer = build_trainer(options.accelerator, devices or options.devices, options.precision)
         return cls(data, LocalTrainer(module, trainer, federation.batch_size, federation.drop_last))

@@ -55,6 +55,7 @@ from plfl.executors.lockstep import (
 from plfl.executors.stacked_steps import StackedSteps
 from plfl.executors.step_graphs import StepGraphs
 from plfl.executors.steps import FunctionalNetwork, epoch_rows, run_feature_task
+from plfl.privacy import dp_sgd_noise, noise_generator, private_gradient
 from plfl.state import Params
 from plfl.tasks import (
     ClientFailure,
@@ -100,7 +101,10 @@ class VectorizedExecutor:
         self.model = with_masked_batch_norms(copy.deepcopy(architecture)).to(device)
         self.norms = masked_batch_norms(self.model)
         self.cohort: Optional[CohortState] = None  # grown to the largest cohort (_cohort_state)
-        self.graphs = StepGraphs(capture=options.cuda_graphs and device.type == "cuda")
+        self.dp_sgd = work.dp_sgd
+        self.noise_generators: list[torch.Generator] = []  # DP-SGD's, of the cohort in training
+        # DP-SGD's noise is drawn from each client's generator at every step, which a recorded graph would not redo.
+        self.graphs = StepGraphs(capture=options.cuda_graphs and device.type == "cuda" and self.dp_sgd is None)
         self.stacked_steps = StackedSteps(FunctionalNetwork(self.model, device), self.graphs)
         self.eval_reason = unsupported(architecture, precision)
         augmented = "data.augment draws random crops and flips" if augment else None
@@ -136,7 +140,12 @@ class VectorizedExecutor:
         self.model.train()
         names = [n for n in cohort.parameters if first.trainable is None or n in first.trainable]
         mu = None if first.proximal is None else first.proximal.mu
-        step = partial(self._train_step, cohort, names, mu)
+        if self.dp_sgd is None:
+            step = partial(self._train_step, cohort, names, mu)
+        else:
+            # Read at every step, not bound to it: a step is kept per key and serves later cohorts too.
+            self.noise_generators = [noise_generator(t.seed, self.device) for t in tasks]
+            step = partial(self._private_step, cohort, names, mu)
         self._run_steps(
             cohort,
             self.train_split,
@@ -190,6 +199,35 @@ class VectorizedExecutor:
         cohort.loss_sum[:k] += losses
         for name, value in statistics.items():  # BatchNorm's running statistics, per client
             state[name].copy_(value)
+        self._sgd(cohort, params, grads, k)
+
+    def _private_step(self, cohort: CohortState, names: list[str], mu: Optional[float], k: int) -> None:
+        """One DP-SGD step (:func:`plfl.privacy.private_gradient`) of the cohort's first ``k`` members: per-sample
+        gradients by ``vmap(grad)`` over each member's samples, clipped, summed and noised from each member's
+        generator (``noise_generators``) as Opacus' ``DPOptimizer`` does (one draw per parameter, in the parameters'
+        order), divided by the batch size, plus the proximal term's gradient; then :meth:`_sgd`."""
+        state = first_rows(cohort.state, k)
+        params = {n: state[n] for n in names}
+        fixed = {n: v for n, v in state.items() if n not in params}
+        index, mask = (t[:k] for t in cohort.batch(self.batch_size))
+        per_sample = vmap(vmap(grad(self._sample_loss, has_aux=True), in_dims=(None, None, 0, 0)))
+        grads, losses = per_sample(params, fixed, self.train_split.x[index], self.train_split.y[index])
+        cohort.loss_sum[:k] += (losses * mask).sum(1)
+        std = self.dp_sgd.noise_multiplier * self.dp_sgd.max_grad_norm
+        noise = [
+            torch.stack([dp_sgd_noise(params[n].shape[1:], std, g) for g in self.noise_generators[:k]]) for n in names
+        ]
+        private = vmap(partial(private_gradient, max_grad_norm=self.dp_sgd.max_grad_norm, batch_size=self.batch_size))
+        gradients = dict(zip(names, private([grads[n] for n in names], mask, noise)))
+        if mu is not None:
+            anchor = {n: cohort.anchor[n][:k] for n in names}
+            proximal = vmap(grad(proximal_penalty), in_dims=(0, 0, None))(params, anchor, mu)
+            gradients = {n: g + proximal[n] for n, g in gradients.items()}
+        self._sgd(cohort, params, gradients, k)
+
+    def _sgd(self, cohort: CohortState, params: Params, grads: Params, k: int) -> None:
+        """torch's SGD update of ``params`` (the first ``k`` members' rows) by ``grads``, with the cohort's
+        velocity."""
         # The velocity starts at 0, so the first step's is the gradient, as torch.optim.SGD's new buffer.
         velocity = [cohort.velocity[name][:k] if self.momentum else None for name in grads]
         sgd(
@@ -204,6 +242,14 @@ class VectorizedExecutor:
             nesterov=False,
             maximize=False,
         )
+
+    def _sample_loss(
+        self, params: Params, fixed: Params, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sample's cross-entropy (x ``(*input_shape)``, y a 0-dim label), twice: to differentiate and to sum."""
+        logits = functional_call(self.model, {**params, **fixed}, (x[None],), strict=True)
+        loss = F.cross_entropy(logits, y[None])
+        return loss, loss.detach()
 
     def _loss(
         self,

@@ -40,6 +40,7 @@ from torch.func import grad_and_value
 
 from plfl.errors import ConfigError, PlflWarning
 from plfl.fields import checked
+from plfl.methods.base import require_private_steps
 from plfl.models import BodyHeadModel
 from plfl.plots import Panel, Panels
 from plfl.seeding import derive_seed
@@ -194,6 +195,7 @@ class AdaptiveLocalAggregation:
 
     def __init__(self, config: Any, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
+        require_private_steps(f"{self.name} (its ALA)", context, "ALA's aggregation weights on its samples")
         top_names(context.architecture, self.ala.p)  # refuses a p beyond the model's tensors before training
 
     @property

@@ -33,7 +33,7 @@ from torch import nn
 from plfl.errors import ConfigError, FederationError
 from plfl.fields import documented
 from plfl.plots import Plot
-from plfl.privacy import ClientLevelDP
+from plfl.privacy import ClientLevelDP, SampleLevelDP
 from plfl.robust import robust_average
 from plfl.sections import AggregationConfig
 from plfl.seeding import clients_per_round, derive_seed
@@ -65,6 +65,23 @@ class FederationContext:
     augment: bool = False
     aggregation: AggregationConfig = field(default_factory=AggregationConfig)
     privacy: Optional[ClientLevelDP] = None  # privacy.level=client: the server's DP mean, its clip norm and ε
+    dp_sgd: Optional[SampleLevelDP] = None  # privacy.level=sample: each client's ε, one step per local step
+
+
+def require_private_steps(method: str, context: FederationContext, steps: str) -> None:
+    """Refuse sample-level DP (``privacy.level=sample``) for a method that trains ``steps`` in steps of its own:
+    DP-SGD runs in the plain training loop only, and these steps would read the client's samples unprivatised.
+
+    Raises:
+        ConfigError: ``privacy.level`` is sample.
+    """
+    if context.dp_sgd is not None:
+        raise ConfigError(
+            f"privacy.level=sample runs DP-SGD in the plain local training only, but {method} trains {steps} in "
+            "steps of its own, which would read the client's samples without clipping and noise. Set "
+            "privacy.level=none (or client), or choose a method that trains only in the plain loop (fedavg, ditto, "
+            "fedprox, fedper, fedrep and the other methods built on local training)."
+        )
 
 
 def require_plain_steps(method: str, context: FederationContext, steps: str) -> None:
@@ -73,8 +90,10 @@ def require_plain_steps(method: str, context: FederationContext, steps: str) -> 
     their batches).
 
     Raises:
-        ConfigError: ``federation.momentum`` is not 0, or ``data.augment`` is true.
+        ConfigError: ``federation.momentum`` is not 0, ``data.augment`` is true, or ``privacy.level`` is sample
+            (:func:`require_private_steps`).
     """
+    require_private_steps(method, context, steps)
     if context.federation.momentum != 0:
         raise ConfigError(
             f"{method} takes plain gradient steps in {steps} and has no use for federation.momentum "
@@ -203,6 +222,10 @@ class Method:
         :meth:`training_samples` (see :class:`plfl.tasks.TrainTask`). A hook yields it and receives its
         TrainResult."""
         options = {"samples": self.training_samples(client_id), **options}
+        if self.context.dp_sgd is not None:
+            samples = options["samples"]
+            n = self.context.data.clients[client_id].num_train if samples is None else len(samples)
+            self.context.dp_sgd.account(client_id, n, options.get("epochs"), options.get("steps"))
         return TrainTask(client_id, params, derive_seed(self.seed, round_, client_id, stream), **options)
 
     def step_task(
@@ -212,7 +235,13 @@ class Method:
         the stream named ``stream``), in batches of ``federation.batch_size`` for ``federation.local_epochs``
         epochs or ``federation.local_steps`` steps unless ``options`` say otherwise (see
         :class:`plfl.tasks.StepTask`); with ``federation.drop_last`` only full batches. A hook yields it and
-        receives its StepResult."""
+        receives its StepResult.
+
+        Raises:
+            ConfigError: ``privacy.level=sample`` (:func:`require_private_steps`; a method that takes steps of its
+                own refuses it when it is built).
+        """
+        require_private_steps(self.name, self.context, f"the {stream} steps")
         federation = self.context.federation
         options = {"batch_size": federation.batch_size, **options}
         if federation.drop_last:

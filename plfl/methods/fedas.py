@@ -65,7 +65,7 @@ from torch.func import grad_and_value
 
 from plfl.errors import ConfigError, PlflWarning
 from plfl.fields import checked
-from plfl.methods.base import FederationContext, MethodConfig
+from plfl.methods.base import FederationContext, MethodConfig, require_private_steps
 from plfl.methods.partial import PartialSharing, module_keys
 from plfl.methods.prototypes import class_sums, local_prototypes, prototype_table
 from plfl.models import BodyHeadModel
@@ -201,6 +201,7 @@ class FedAS(PartialSharing):
 
     def __init__(self, config: FedASConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
+        require_private_steps("fedas", context, "the body's alignment and its Fisher information")
         model = context.architecture
         if not isinstance(model, BodyHeadModel):
             raise ConfigError("fedas needs a model with a body and a head (every model.name has them).")

@@ -48,7 +48,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from plfl.errors import ConfigError
 from plfl.fields import checked, one_of
 from plfl.methods.ala import top_names
-from plfl.methods.base import FederationContext
+from plfl.methods.base import FederationContext, require_private_steps
 from plfl.methods.fedavg import FedAvgConfig
 from plfl.methods.partial import PartialSharing, module_keys
 from plfl.plots import TableLines
@@ -200,6 +200,8 @@ class PartialFed(PartialSharing):
     def __init__(self, config: PartialFedConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
         self.adaptive = config.strategy == "adaptive"
+        if self.adaptive:
+            require_private_steps("partialfed", context, "the adaptive strategy's logits (method.strategy=adaptive)")
         self.layers = layer_keys(context.architecture)
         parameters = {name for name, _ in context.architecture.named_parameters()}
         ala = config.ala
