@@ -37,6 +37,8 @@ QUIET = (
     # ClientModule.training_step takes a local epoch's batches from dataloader_iter; Lightning warns that the
     # signature is experimental and that batch_idx then counts training_step calls, which plfl never reads.
     ".*`dataloader_iter`.*",
+    # DP-SGD's per-sample gradients (Opacus' hooks): the first layer's inputs, the data, need no gradient.
+    ".*Full backward hook is firing when gradients are computed with respect to module outputs.*",
 )
 
 

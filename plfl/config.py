@@ -412,7 +412,8 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> DictConfig:
     Raises:
         PlflError: ``run_dir`` is not a run directory.
         ConfigError: an invalid override, or one that changes what the saved state
-            depends on (``data.*``, ``model.*``, ``method.name``, ``privacy.*``).
+            depends on (``data.*``, ``model.*``, ``method.name``, ``privacy.*``; ``federation.rounds`` when
+            ``privacy.target_epsilon`` set σ for them).
     """
     path = run_dir / "config.yaml"
     if not path.is_file():
@@ -428,6 +429,13 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> DictConfig:
                 f"--resume cannot change {key}: the checkpoint holds state for the saved "
                 f"{key}. Start a new run with plfl fit --config {path} {' '.join(overrides)}."
             )
+    rounds = cfg.federation.rounds
+    if saved.privacy.target_epsilon is not None and rounds != saved.federation.rounds:
+        raise ConfigError(
+            f"--resume cannot change federation.rounds (to {rounds}) with privacy.target_epsilon="
+            f"{saved.privacy.target_epsilon}: σ was computed for federation.rounds={saved.federation.rounds}. Start a "
+            f"new run with plfl fit --config {path} {' '.join(overrides)}."
+        )
     return cfg
 
 

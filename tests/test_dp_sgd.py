@@ -1,0 +1,228 @@
+"""Sample-level DP (privacy.level=sample): one DP-SGD step against a hand computation, each client's ε against
+Opacus' accountant, σ for a target ε, the sequential and vectorized executors' equal numbers, a bit-for-bit resume,
+FedAvg on digits under little and much noise, and the refusals."""
+
+import csv
+import inspect
+import math
+import warnings
+
+import pytest
+import torch
+from opacus.accountants import PRVAccountant, RDPAccountant
+from opacus.accountants.utils import get_noise_multiplier
+from torch import nn
+
+from plfl.client import ClientModule, LocalTrainer, build_trainer
+from plfl.config import resume_config
+from plfl.data import load_federated_data
+from plfl.errors import ConfigError
+from plfl.experiment import run_experiment
+from plfl.methods import build_method, method_class, methods
+from plfl.methods.base import Method
+from plfl.privacy import SampleLevelDP, noise_generator, private_gradient
+from plfl.sections import DPSGDNoise, PrivacyConfig
+
+from conftest import make_context, run_results
+
+SAMPLE = {"privacy.level": "sample"}
+
+
+def test_one_step_clips_each_samples_gradient_sums_noises_and_divides_by_the_batch_size():
+    """A 2 × 2 linear layer at W = 0 on two samples: softmax(Wx) = (½, ½), so g_j = (p − e_y) x_jᵀ."""
+    x = torch.tensor([[3.0, 4.0], [0.1, 0.0]])
+    y = torch.tensor([0, 1])
+    g1 = torch.tensor([[-0.5], [0.5]]) * x[0]  # ‖g1‖ = √12.5 > C: scaled to C = 1
+    g2 = torch.tensor([[0.5], [-0.5]]) * x[1]  # ‖g2‖ = √0.005 < C: kept
+    sigma, clip, lr, seed = 0.7, 1.0, 0.1, 5
+    noise = torch.normal(mean=0, std=sigma * clip, size=(2, 2), generator=noise_generator(seed, torch.device("cpu")))
+    expected = (g1 / (math.sqrt(12.5) + 1e-6) + g2 + noise) / 2
+
+    computed = private_gradient([torch.stack([g1, g2])], torch.ones(2), [noise], clip, batch_size=2)
+    torch.testing.assert_close(computed[0], expected)
+
+    model = nn.Linear(2, 2, bias=False)
+    module = ClientModule(model, 2, lr, dp_sgd=DPSGDNoise(sigma, clip), batch_size=2)
+    trainer = LocalTrainer(module, build_trainer("cpu", 1, "32-true"), batch_size=2)
+    result = trainer.train({"weight": torch.zeros(2, 2)}, x, y, seed=seed, steps=1)  # Opacus' DPOptimizer
+    torch.testing.assert_close(result.params["weight"], -lr * expected)
+
+
+def client_sizes(config) -> list[int]:
+    return [c.num_train for c in load_federated_data(config.data, config.federation.seed).clients]
+
+
+def last_round_rows(run_dir) -> list[dict]:
+    with open(run_dir / "clients.csv") as f:
+        rows = list(csv.DictReader(f))
+    last = max(int(r["round"]) for r in rows)
+    return sorted((r for r in rows if int(r["round"]) == last), key=lambda r: int(r["client"]))
+
+
+@pytest.mark.parametrize("accountant", [RDPAccountant, PRVAccountant])
+def test_each_clients_epsilon_is_opacus_accountant_of_its_local_steps(digits_config, accountant):
+    """Every client trains in each of 3 rounds one epoch of ⌈n/B⌉ steps at q = B/n."""
+    name = "rdp" if accountant is RDPAccountant else "prv"
+    config = digits_config(**SAMPLE, **{"privacy.noise_multiplier": 1.3, "privacy.accountant": name})
+    run_dir, summary = run_experiment(config)
+    rows = last_round_rows(run_dir)
+    expected = []
+    for n in client_sizes(config):
+        direct = accountant()
+        for _ in range(3 * math.ceil(n / 20)):
+            direct.step(noise_multiplier=1.3, sample_rate=20 / n)
+        expected.append(direct.get_epsilon(delta=1e-5))
+    assert [float(r["epsilon"]) for r in rows] == pytest.approx(expected, rel=1e-9)
+    assert summary["epsilon_max"] == pytest.approx(max(expected), rel=1e-9)
+    assert summary["epsilon_mean"] == pytest.approx(sum(expected) / len(expected), rel=1e-9)
+    assert (summary["delta"], summary["accountant"], summary["noise_multiplier"]) == (1e-5, name, 1.3)
+
+
+def test_a_target_epsilon_chooses_the_sigma_that_the_worst_client_reaches_it_with(digits_config):
+    config = digits_config(**SAMPLE, **{"privacy.target_epsilon": 3.0})
+    _, summary = run_experiment(config)
+    sigma = summary["noise_multiplier"]
+    trainings = {(20 / n, 3 * math.ceil(n / 20)) for n in client_sizes(config)}
+    assert sigma == max(
+        get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=q, steps=s) for q, s in trainings
+    )
+    assert 3.0 - 0.01 <= summary["epsilon_max"] <= 3.0  # Opacus' tolerance: ε within 0.01 below the target
+
+
+def run(digits_config, executor, **options):
+    config = digits_config(**SAMPLE, **{"federation.executor": executor, **options})
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
+        return run_results(run_experiment(config)[0])
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("fedavg", {"privacy.noise_multiplier": 0.8, "federation.batch_size": 13}),  # short last batches
+        ("ditto", {"privacy.noise_multiplier": 0.8, "federation.momentum": 0.5}),  # proximal term, momentum
+        ("fedrep", {"privacy.noise_multiplier": 0.5}),  # a trainable subset
+    ],
+)
+def test_sample_dp_runs_vectorized_as_sequential(digits_config, method, options):
+    """The noise comes from each training's seed, drawn as Opacus draws it: the same numbers on either executor."""
+    options = {"method.name": method, **options}
+    sequential = run(digits_config, "sequential", **options)
+    vectorized = run(digits_config, "vectorized", **options, **{"vectorized.cohort_size": 3})
+    for one, other in zip(sequential[:2], vectorized[:2]):
+        for a, b in zip(one, other):
+            assert a.keys() == b.keys()
+            for key in a:
+                try:
+                    assert float(a[key]) == pytest.approx(float(b[key]), abs=1e-4), key
+                except ValueError:
+                    assert a[key] == b[key]
+    for one, other in zip(sequential[2], vectorized[2]):
+        for key in one:
+            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+
+
+def test_a_resumed_run_equals_an_uninterrupted_one_bit_for_bit(digits_config, tmp_path):
+    options = {**SAMPLE, "privacy.noise_multiplier": 0.9}
+    whole_dir, whole = run_experiment(digits_config(**options))
+    first_dir, _ = run_experiment(digits_config(**options, **{"federation.rounds": 2}))
+    resumed_dir, resumed = run_experiment(resume_config(first_dir, ["federation.rounds=3"]), resume=first_dir)
+    one, other = run_results(whole_dir), run_results(resumed_dir)
+    assert one[:2] == other[:2]
+    for a, b in zip(one[2], other[2]):
+        for key in a:
+            assert torch.equal(a[key], b[key])
+    assert whole["epsilon_max"] == resumed["epsilon_max"]
+
+
+def test_a_resume_cannot_add_rounds_to_a_target_epsilons_sigma(digits_config):
+    run_dir, _ = run_experiment(digits_config(**SAMPLE, **{"privacy.target_epsilon": 8.0, "federation.rounds": 1}))
+    with pytest.raises(ConfigError, match="cannot change federation.rounds .* σ was computed for federation.rounds=1"):
+        resume_config(run_dir, ["federation.rounds=2"])
+
+
+@pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # Opacus, on σ = 0.05's huge ε
+def test_more_noise_costs_accuracy_and_buys_a_smaller_epsilon(digits_config):
+    """FedAvg on digits, 5 rounds at lr 0.5, C = 1: σ = 0.05 learns (above 60 % accuracy), σ = 8 stays near chance."""
+    results = {}
+    for sigma in (0.05, 1.0, 8.0):
+        options = {**SAMPLE, "privacy.noise_multiplier": sigma, "federation.rounds": 5, "federation.lr": 0.5}
+        _, summary = run_experiment(digits_config(**options))
+        results[sigma] = summary["final_accuracy"], summary["epsilon_max"]
+    assert results[0.05][0] > 0.6 and results[8.0][0] < 0.3
+    assert results[0.05][1] > results[1.0][1] > results[8.0][1] > 0
+
+
+# The options under which a method's own steps run (by default they do not).
+OWN_STEPS = {"partialfed": {"strategy": "adaptive"}}
+
+
+def built_class(name: str, context, **options) -> tuple[type, Exception | None]:
+    cls = method_class(name)
+    config = cls.config_class(name=name, **options)
+    initial = {k: v.clone() for k, v in cls.client_network(context.architecture).state_dict().items()}
+    try:
+        method = build_method(config, context, initial)
+    except ConfigError as error:
+        return cls, error
+    return type(method), None
+
+
+@pytest.mark.parametrize("name", sorted(methods()))
+def test_a_method_refuses_exactly_when_its_code_takes_steps_of_its_own(tiny_federation, name):
+    """Read from the source: a method whose classes (ALA included) make step tasks refuses sample-level DP."""
+    context, model = make_context(tiny_federation)
+    context.architecture = method_class(name).client_network(model)
+    context.dp_sgd = SampleLevelDP(PrivacyConfig(level="sample"), 1.0, 5, 1)
+    cls, error = built_class(name, context, **OWN_STEPS.get(name, {}))
+    if error is not None and "privacy.level=sample" not in str(error):
+        pytest.skip(f"{name} refuses the tiny federation itself: {error}")
+    own = [c for c in cls.__mro__ if issubclass(c, Method) and c is not Method] + [
+        c for c in cls.__mro__ if c.__name__ == "AdaptiveLocalAggregation"
+    ]
+    takes_steps = any(
+        "step_task(" in inspect.getsource(inspect.getmodule(c))
+        or "StepTask(" in inspect.getsource(inspect.getmodule(c))
+        for c in own
+    )
+    assert (error is not None) == takes_steps, error
+
+
+def test_partialfeds_fixed_strategy_trains_in_the_plain_loop_and_is_accepted(tiny_federation):
+    context, _ = make_context(tiny_federation)
+    context.dp_sgd = SampleLevelDP(PrivacyConfig(level="sample"), 1.0, 5, 1)
+    assert built_class("partialfed", context, strategy="fixed")[1] is None
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {**SAMPLE, "method.name": "scaffold"},
+            "privacy.level=sample runs DP-SGD in the plain local training only, but scaffold trains y",
+        ),
+        ({**SAMPLE, "method.name": "fedala"}, "but fedala \\(its ALA\\) trains ALA's aggregation weights"),
+        ({**SAMPLE, "model.batch_norm": True}, "BatchNorm layer of model.name=mlp .*GroupNorm"),
+    ],
+)
+def test_what_dp_sgd_cannot_privatise_is_refused_before_the_run(digits_config, tmp_path, options, message):
+    with pytest.raises(ConfigError, match=message):
+        run_experiment(digits_config(**options, output_dir=str(tmp_path / "runs")))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"privacy.max_grad_norm": 2.0}, "privacy.max_grad_norm=2.0 is read only by privacy.level=sample"),
+        ({"privacy.level": "client", "privacy.target_epsilon": 3.0}, "read only by privacy.level=sample, not by "),
+        ({**SAMPLE, "privacy.clip": 2.0}, "privacy.clip=2.0 is read only by privacy.level=client, not by privacy.lev"),
+        (
+            {**SAMPLE, "privacy.target_epsilon": 3.0, "privacy.noise_multiplier": 2.0},
+            "σ is computed from the target ε. Remove one of them",
+        ),
+    ],
+)
+def test_keys_that_sample_dp_does_not_read_are_refused(digits_config, options, message):
+    with pytest.raises(ConfigError, match=message):
+        digits_config(**options)
