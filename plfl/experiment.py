@@ -25,7 +25,7 @@ from plfl.errors import ConfigError, PlflError
 from plfl.executors import build_executor
 from plfl.federation import FederationLoop
 from plfl.methods import build_method, method_class
-from plfl.methods.base import FederationContext
+from plfl.methods.base import FederationContext, Method
 from plfl.models import models
 from plfl.privacy import ClientLevelDP, SampleLevelDP, local_steps, noise_multiplier_for
 from plfl.seeding import clients_per_round, malicious_clients, unseen_clients
@@ -99,11 +99,13 @@ def run_experiment(
         num_clients = len(participants.clients)
         sampled = clients_per_round(num_clients, config.federation.join_ratio)
         privacy = ClientLevelDP(config.privacy, config.federation.seed, sampled, num_clients)
-    dp_sgd = sample_level_dp(config, participants, model) if config.privacy.level == "sample" else None
+    dp_sgd = sample_level_dp(config, model) if config.privacy.level == "sample" else None
     context = FederationContext(
         participants, store, config.federation, model, config.data.augment, config.aggregation, privacy, dp_sgd
     )
     method = build_method(config.method, context, initial_params)
+    if dp_sgd is not None and config.privacy.target_epsilon is not None:
+        dp_sgd.noise_multiplier = target_noise_multiplier(dp_sgd, method, config.federation.rounds)
     check_attack(config.attack, method.name, method.uploads_model)
     if unseen and method.new_client_model(0) is None:
         raise ConfigError(
@@ -144,12 +146,12 @@ def run_experiment(
         executor.close()
 
 
-def sample_level_dp(config: ExperimentConfig, participants: FederatedData, model: nn.Module) -> SampleLevelDP:
-    """The clients' sample-level DP (``privacy.level=sample``): σ from ``privacy.noise_multiplier``, or the one at
-    which a client that trains in every round reaches ``privacy.target_epsilon`` (one local training per round).
+def sample_level_dp(config: ExperimentConfig, model: nn.Module) -> SampleLevelDP:
+    """The clients' sample-level DP (``privacy.level=sample``) at σ = ``privacy.noise_multiplier``; with
+    ``privacy.target_epsilon``, :func:`target_noise_multiplier` sets σ once the method is built.
 
     Raises:
-        ConfigError: a model with BatchNorm layers, whose per-sample gradients are not defined, or Opacus missing.
+        ConfigError: a model with BatchNorm layers, whose per-sample gradients are not defined.
     """
     if has_batch_norm(model):
         raise ConfigError(
@@ -158,21 +160,29 @@ def sample_level_dp(config: ExperimentConfig, participants: FederatedData, model
             "it too). Choose a model without BatchNorm (GroupNorm normalises each sample alone), or set "
             "privacy.level=none."
         )
-    federation, privacy = config.federation, config.privacy
+    federation = config.federation
     min_last = last_batch_minimum(federation.batch_size, False, drop_last=federation.drop_last)
-    sigma = privacy.noise_multiplier
-    if privacy.target_epsilon is not None:
-        length = federation.local_length()
-        trainings = {
-            (
-                min(1.0, federation.batch_size / c.num_train),
-                federation.rounds
-                * local_steps(c.num_train, federation.batch_size, length.get("epochs"), length.get("steps"), min_last),
-            )
-            for c in participants.clients
-        }
-        sigma = noise_multiplier_for(privacy, {t for t in trainings if t[1]})
-    return SampleLevelDP(privacy, sigma, federation.batch_size, min_last)
+    return SampleLevelDP(config.privacy, config.privacy.noise_multiplier, federation.batch_size, min_last)
+
+
+def target_noise_multiplier(dp_sgd: SampleLevelDP, method: Method, rounds: int) -> float:
+    """The σ at which a client that trains in each of the ``rounds`` rounds, ``method``'s local trainings each
+    round (:meth:`~plfl.methods.base.Method.local_lengths`), reaches ``privacy.target_epsilon``: the largest over
+    the clients (:func:`plfl.privacy.noise_multiplier_for`).
+
+    Raises:
+        ConfigError: Opacus is not installed.
+    """
+    trainings = set()
+    for client in method.context.data.clients:
+        n = client.num_train
+        steps = sum(
+            local_steps(n, dp_sgd.batch_size, length.get("epochs"), length.get("steps"), dp_sgd.min_last)
+            for length in method.local_lengths()
+        )
+        if steps:
+            trainings.add((min(1.0, dp_sgd.batch_size / n), rounds * steps))
+    return noise_multiplier_for(dp_sgd.config, trainings)
 
 
 def hold_out(data: FederatedData, unseen: list[int]) -> tuple[FederatedData, list[ClientData]]:

@@ -344,16 +344,20 @@ def noise_multiplier_for(config: PrivacyConfig, trainings: set[tuple[float, int]
     new_accountant(config.accountant, "sample")  # the install hint, when Opacus is missing
     from opacus.accountants.utils import get_noise_multiplier
 
-    return max(
-        get_noise_multiplier(
-            target_epsilon=config.target_epsilon,
-            target_delta=config.delta,
-            sample_rate=rate,
-            steps=steps,
-            accountant=config.accountant,
+    return (
+        max(
+            get_noise_multiplier(
+                target_epsilon=config.target_epsilon,
+                target_delta=config.delta,
+                sample_rate=rate,
+                steps=steps,
+                accountant=config.accountant,
+            )
+            for rate, steps in trainings
         )
-        for rate, steps in trainings
-    )
+        if trainings
+        else config.noise_multiplier
+    )  # no client takes a step: σ is never used
 
 
 def new_accountant(name: str, level: str = "client") -> Any:

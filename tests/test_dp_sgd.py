@@ -78,11 +78,12 @@ def test_each_clients_epsilon_is_opacus_accountant_of_its_local_steps(digits_con
     assert (summary["delta"], summary["accountant"], summary["noise_multiplier"]) == (1e-5, name, 1.3)
 
 
-def test_a_target_epsilon_chooses_the_sigma_that_the_worst_client_reaches_it_with(digits_config):
-    config = digits_config(**SAMPLE, **{"privacy.target_epsilon": 3.0})
+@pytest.mark.parametrize("method, trainings", [("fedavg", 1), ("ditto", 2)])  # Ditto: v's training and w's
+def test_a_target_epsilon_chooses_the_sigma_that_the_worst_client_reaches_it_with(digits_config, method, trainings):
+    config = digits_config(**SAMPLE, **{"privacy.target_epsilon": 3.0, "method.name": method})
     _, summary = run_experiment(config)
     sigma = summary["noise_multiplier"]
-    trainings = {(20 / n, 3 * math.ceil(n / 20)) for n in client_sizes(config)}
+    trainings = {(20 / n, 3 * trainings * math.ceil(n / 20)) for n in client_sizes(config)}
     assert sigma == max(
         get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=q, steps=s) for q, s in trainings
     )

@@ -215,6 +215,13 @@ class Method:
             yield self.train_task(client_id, params, round_, "local_training", **self.context.federation.local_length())
         )
 
+    def local_lengths(self) -> list[dict[str, int]]:
+        """The local trainings of a sampled client in one round, each as :class:`plfl.tasks.TrainTask` keywords
+        (epochs or steps): FedAvg's one, ``federation.local_epochs`` or ``federation.local_steps``. The σ of
+        ``privacy.target_epsilon`` is computed for them; a method that trains a client more than once a round
+        names each training."""
+        return [self.context.federation.local_length()]
+
     def train_task(self, client_id: int, params: Params, round_: int, stream: str, **options: Any) -> TrainTask:
         """Training from ``params`` on the client's :meth:`training_samples`, its batch order drawn from
         (seed, round, client, the random stream named ``stream``, :func:`plfl.seeding.derive_seed`); ``options``:

@@ -83,6 +83,10 @@ class Ditto(FedAvg):
         loss = (personal.loss * personal.samples_seen + global_copy.loss * global_copy.samples_seen) / seen
         return TrainResult(personal.params, loss, seen, upload=global_copy.params)
 
+    def local_lengths(self) -> list[dict[str, int]]:
+        """v's training and w's."""
+        return [self.personal_length(), self.context.federation.local_length()]
+
     def personal_length(self) -> dict[str, int]:
         """The personal model's training per round as task keywords: ``method.personal_epochs``, else the
         federation's local length."""
