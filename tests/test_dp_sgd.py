@@ -5,6 +5,7 @@ FedAvg on digits under little and much noise, and the refusals."""
 import csv
 import inspect
 import math
+import re
 import warnings
 
 import pytest
@@ -170,8 +171,9 @@ def built_class(name: str, context, **options) -> tuple[type, Exception | None]:
 
 
 @pytest.mark.parametrize("name", sorted(methods()))
-def test_a_method_refuses_exactly_when_its_code_takes_steps_of_its_own(tiny_federation, name):
-    """Read from the source: a method whose classes (ALA included) make step tasks refuses sample-level DP."""
+def test_a_method_refuses_exactly_when_its_code_reads_samples_outside_the_training_loop(tiny_federation, name):
+    """Read from the source: a method whose classes (ALA included) make step tasks, or evaluate on samples of
+    the client's own to choose by, refuses sample-level DP."""
     context, model = make_context(tiny_federation)
     context.architecture = method_class(name).client_network(model)
     context.dp_sgd = SampleLevelDP(PrivacyConfig(level="sample"), 1.0, 5, 1)
@@ -181,12 +183,9 @@ def test_a_method_refuses_exactly_when_its_code_takes_steps_of_its_own(tiny_fede
     own = [c for c in cls.__mro__ if issubclass(c, Method) and c is not Method] + [
         c for c in cls.__mro__ if c.__name__ == "AdaptiveLocalAggregation"
     ]
-    takes_steps = any(
-        "step_task(" in inspect.getsource(inspect.getmodule(c))
-        or "StepTask(" in inspect.getsource(inspect.getmodule(c))
-        for c in own
-    )
-    assert (error is not None) == takes_steps, error
+    sources = [inspect.getsource(inspect.getmodule(c)) for c in own]
+    reads_samples = any(re.search(r"step_task\(|StepTask\(|EvalTask\([^)]*samples=", s) for s in sources)
+    assert (error is not None) == reads_samples, error
 
 
 def test_partialfeds_fixed_strategy_trains_in_the_plain_loop_and_is_accepted(tiny_federation):
@@ -202,7 +201,14 @@ def test_partialfeds_fixed_strategy_trains_in_the_plain_loop_and_is_accepted(tin
             {**SAMPLE, "method.name": "scaffold"},
             "privacy.level=sample runs DP-SGD in the plain local training only, but scaffold trains y",
         ),
-        ({**SAMPLE, "method.name": "fedala"}, "but fedala \\(its ALA\\) trains ALA's aggregation weights"),
+        (
+            {**SAMPLE, "method.name": "fedala"},
+            "but fedala \\(its ALA\\) learns ALA's aggregation weights on its samples in steps of its own",
+        ),
+        (
+            {**SAMPLE, "method.name": "ifca"},
+            "but ifca picks its cluster by the cluster models' losses on its training samples, which would read",
+        ),
         ({**SAMPLE, "model.batch_norm": True}, "BatchNorm layer of model.name=mlp .*GroupNorm"),
     ],
 )

@@ -195,7 +195,9 @@ class AdaptiveLocalAggregation:
 
     def __init__(self, config: Any, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        require_private_steps(f"{self.name} (its ALA)", context, "ALA's aggregation weights on its samples")
+        require_private_steps(
+            f"{self.name} (its ALA)", context, "learns ALA's aggregation weights on its samples in steps of its own"
+        )
         top_names(context.architecture, self.ala.p)  # refuses a p beyond the model's tensors before training
 
     @property

@@ -68,17 +68,18 @@ class FederationContext:
     dp_sgd: Optional[SampleLevelDP] = None  # privacy.level=sample: each client's ε, one step per local step
 
 
-def require_private_steps(method: str, context: FederationContext, steps: str) -> None:
-    """Refuse sample-level DP (``privacy.level=sample``) for a method that trains ``steps`` in steps of its own:
-    DP-SGD runs in the plain training loop only, and these steps would read the client's samples unprivatised.
+def require_private_steps(method: str, context: FederationContext, work: str) -> None:
+    """Refuse sample-level DP (``privacy.level=sample``) for a method whose client ``work`` reads the client's
+    samples outside the plain training loop (its own steps, or losses it chooses by): DP-SGD runs in that loop
+    only, and this work would read them unprivatised.
 
     Raises:
         ConfigError: ``privacy.level`` is sample.
     """
     if context.dp_sgd is not None:
         raise ConfigError(
-            f"privacy.level=sample runs DP-SGD in the plain local training only, but {method} trains {steps} in "
-            "steps of its own, which would read the client's samples without clipping and noise. Set "
+            f"privacy.level=sample runs DP-SGD in the plain local training only, but {method} {work}, which would "
+            "read the client's samples without clipping and noise. Set "
             "privacy.level=none (or client), or choose a method that trains only in the plain loop (fedavg, ditto, "
             "fedprox, fedper, fedrep and the other methods built on local training)."
         )
@@ -93,7 +94,7 @@ def require_plain_steps(method: str, context: FederationContext, steps: str) -> 
         ConfigError: ``federation.momentum`` is not 0, ``data.augment`` is true, or ``privacy.level`` is sample
             (:func:`require_private_steps`).
     """
-    require_private_steps(method, context, steps)
+    require_private_steps(method, context, f"trains {steps} in steps of its own")
     if context.federation.momentum != 0:
         raise ConfigError(
             f"{method} takes plain gradient steps in {steps} and has no use for federation.momentum "
@@ -248,7 +249,7 @@ class Method:
             ConfigError: ``privacy.level=sample`` (:func:`require_private_steps`; a method that takes steps of its
                 own refuses it when it is built).
         """
-        require_private_steps(self.name, self.context, f"the {stream} steps")
+        require_private_steps(self.name, self.context, f"takes {stream} steps of its own")
         federation = self.context.federation
         options = {"batch_size": federation.batch_size, **options}
         if federation.drop_last:

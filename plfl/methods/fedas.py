@@ -201,7 +201,9 @@ class FedAS(PartialSharing):
 
     def __init__(self, config: FedASConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        require_private_steps("fedas", context, "the body's alignment and its Fisher information")
+        require_private_steps(
+            "fedas", context, "aligns the body and computes its Fisher information in steps of its own"
+        )
         model = context.architecture
         if not isinstance(model, BodyHeadModel):
             raise ConfigError("fedas needs a model with a body and a head (every model.name has them).")

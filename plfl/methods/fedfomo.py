@@ -39,7 +39,7 @@ import torch
 
 from plfl.errors import ConfigError
 from plfl.fields import checked
-from plfl.methods.base import FederationContext, Method, MethodConfig
+from plfl.methods.base import FederationContext, Method, MethodConfig, require_private_steps
 from plfl.seeding import derive_seed
 from plfl.state import Params
 from plfl.tasks import EvalTask, TrainResult, Work
@@ -114,6 +114,7 @@ class FedFomo(Method):
 
     def __init__(self, config: FedFomoConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
+        require_private_steps("fedfomo", context, "weighs the received models by their losses on its validation split")
         clients = context.data.clients
         self.splits = [
             validation_split(c.num_train, config.val_ratio, derive_seed(self.seed, 0, i, "validation_split"))

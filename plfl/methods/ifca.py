@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from plfl.fields import checked
-from plfl.methods.base import FederationContext, Method, MethodConfig
+from plfl.methods.base import FederationContext, Method, MethodConfig, require_private_steps
 from plfl.methods.clusters import ASSIGNMENTS_HEATMAP, assignments_table
 from plfl.robust import weighted_average
 from plfl.seeding import derive_seed
@@ -74,6 +74,9 @@ class IFCA(Method):
 
     def __init__(self, config: IFCAConfig, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
+        require_private_steps(
+            "ifca", context, "picks its cluster by the cluster models' losses on its training samples"
+        )
         starts = [initial_params] + [self._initialisation(j) for j in range(1, config.clusters)]
         self.models = {k: torch.stack([s[k] for s in starts]) for k in initial_params}  # name → (k, *shape)
 

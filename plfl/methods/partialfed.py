@@ -201,7 +201,11 @@ class PartialFed(PartialSharing):
         super().__init__(config, context, initial_params)
         self.adaptive = config.strategy == "adaptive"
         if self.adaptive:
-            require_private_steps("partialfed", context, "the adaptive strategy's logits (method.strategy=adaptive)")
+            require_private_steps(
+                "partialfed",
+                context,
+                "learns the adaptive strategy's logits in steps of its own (method.strategy=adaptive)",
+            )
         self.layers = layer_keys(context.architecture)
         parameters = {name for name, _ in context.architecture.named_parameters()}
         ala = config.ala
