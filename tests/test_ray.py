@@ -176,6 +176,19 @@ def test_local_steps_train_on_ray_as_on_the_sequential_executor(local_ray, tmp_p
 
 
 @pytest.mark.slow
+def test_sample_level_dp_trains_on_ray_as_on_the_sequential_executor(local_ray, tmp_path):
+    """DP-SGD (Opacus in each actor), its noise from each training's seed: bit for bit, ε per client included."""
+    options = {"privacy.level": "sample", "privacy.noise_multiplier": 0.8}
+    (sequential_run, ray_run) = (
+        run_results(run_experiment(matrix_config(tmp_path / e, "ditto", e, **options))[0])
+        for e in ("sequential", "ray")
+    )
+    assert sequential_run[:2] == ray_run[:2] and "epsilon" in ray_run[1][0]
+    for one, other in zip(sequential_run[2], ray_run[2], strict=True):
+        assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one)
+
+
+@pytest.mark.slow
 def test_unseen_clients_and_partial_work_run_on_ray_as_on_the_sequential_executor(local_ray, tmp_path):
     """Unseen clients fine-tuned and tested, stragglers cut to partial work, some dropped: bit for bit."""
     keys = {
