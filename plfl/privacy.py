@@ -284,6 +284,7 @@ class SampleLevelDP:
         self.config, self.noise_multiplier = config, noise_multiplier
         self.batch_size, self.min_last = batch_size, min_last
         self.accountants: dict[int, Any] = {}
+        self.epsilons: dict[int, float] = {}  # each client's ε since its last training (an accountant's ε is slow)
 
     @property
     def noise(self) -> DPSGDNoise:
@@ -298,13 +299,18 @@ class SampleLevelDP:
         if client_id not in self.accountants:
             self.accountants[client_id] = new_accountant(self.config.accountant, "sample")
         rate = min(1.0, self.batch_size / n)
+        self.epsilons.pop(client_id, None)
         for _ in range(taken):  # Opacus merges equal steps into one history entry
             self.accountants[client_id].step(noise_multiplier=self.noise_multiplier, sample_rate=rate)
 
     def epsilon(self, client_id: int) -> float:
         """ε of (ε, ``privacy.delta``)-DP of the client's training samples so far (0 before its first step)."""
         accountant = self.accountants.get(client_id)
-        return float(accountant.get_epsilon(delta=self.config.delta)) if accountant is not None else 0.0
+        if accountant is None:
+            return 0.0
+        if client_id not in self.epsilons:
+            self.epsilons[client_id] = float(accountant.get_epsilon(delta=self.config.delta))
+        return self.epsilons[client_id]
 
     def round_metrics(self) -> dict[str, float]:
         """The largest client ε so far (``epsilon_max``)."""
@@ -327,7 +333,7 @@ class SampleLevelDP:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
-        self.accountants = {}
+        self.accountants, self.epsilons = {}, {}
         for client_id, history in state.items():
             accountant = self.accountants[client_id] = new_accountant(self.config.accountant, "sample")
             accountant.history = [tuple(entry) for entry in history]
