@@ -82,6 +82,21 @@ def run(digits_config, executor, **options):
     return rounds, clients, [client["model"] for client in store]
 
 
+def assert_executors_agree(digits_config, **options):
+    """:func:`run` on the sequential executor and on the vectorized one (cohorts of 3, no fallback): the same
+    accuracies to 4 decimals and final models within 1e-5. Returns the sequential run's final models."""
+    sequential = run(digits_config, "sequential", **options)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
+        vectorized = run(digits_config, "vectorized", **options, **{"vectorized.cohort_size": 3})
+    for one, other in zip(sequential[:2], vectorized[:2]):
+        assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
+    for one, other in zip(sequential[2], vectorized[2]):
+        for key in one:
+            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+    return sequential[2]
+
+
 class Shipped:
     """``executor`` behind a pickle round trip of every call's tasks and results, as the Ray executor sends tasks
     to its actors and gets their results back (classes by reference: a method's steps must be importable)."""
@@ -160,16 +175,8 @@ def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
     """Per-client batch statistics of the real samples only (batch 7: short last batches; a client with
     n mod 7 = 1 drops a sample each epoch, LocalTrainer's BatchNorm rule) and per-client running statistics."""
     options = {"method.name": method, "model.batch_norm": True, "federation.batch_size": 7, "federation.momentum": 0.5}
-    sequential = run(digits_config, "sequential", **options)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
-        vectorized = run(digits_config, "vectorized", **options, **{"vectorized.cohort_size": 3})
-    for one, other in zip(sequential[:2], vectorized[:2]):
-        assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
-    for one, other in zip(sequential[2], vectorized[2]):
-        assert any("running_var" in key for key in one)
-        for key in one:
-            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+    models = assert_executors_agree(digits_config, **options)
+    assert all(any("running_var" in key for key in model) for model in models)
 
 
 @pytest.mark.parametrize(
@@ -185,29 +192,13 @@ def test_batch_norm_runs_vectorized_as_sequential(digits_config, method):
 def test_poisoned_clients_and_robust_rules_run_vectorized_as_sequential(digits_config, attack, rule):
     """The same malicious clients, the same flipped labels and attacked messages, the same rule on either executor."""
     options = {"attack.kind": attack, "attack.fraction": 0.4, "aggregation.rule": rule}
-    sequential = run(digits_config, "sequential", **options)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
-        vectorized = run(digits_config, "vectorized", **options, **{"vectorized.cohort_size": 3})
-    for one, other in zip(sequential[:2], vectorized[:2]):
-        assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
-    for one, other in zip(sequential[2], vectorized[2]):
-        for key in one:
-            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+    assert_executors_agree(digits_config, **options)
 
 
 def test_adaptive_client_dp_runs_vectorized_as_sequential(digits_config):
     """The DP noise and the clip norm's noise come from (seed, round) on the server: the same on either executor."""
     options = {"privacy.level": "client", "privacy.adaptive": True, "privacy.noise_multiplier": 0.3}
-    sequential = run(digits_config, "sequential", **options)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="federation.executor=vectorized")  # no fallback
-        vectorized = run(digits_config, "vectorized", **options, **{"vectorized.cohort_size": 3})
-    for one, other in zip(sequential[:2], vectorized[:2]):
-        assert [round(a, 4) for a in one] == [round(a, 4) for a in other]
-    for one, other in zip(sequential[2], vectorized[2]):
-        for key in one:
-            torch.testing.assert_close(one[key], other[key], atol=1e-5, rtol=0)
+    assert_executors_agree(digits_config, **options)
 
 
 def test_step_graphs_replay_the_step_first_recorded_for_a_key_after_undoing_its_warm_up():
