@@ -25,6 +25,7 @@ from pathlib import Path
 from compare_methods import completed_rows
 
 from plfl.config import load_config
+from plfl.data.loading import load_federated_data
 from plfl.seeding import clients_per_round
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def main() -> None:
     for method in args.methods:
         config_file = ROOT / "configs" / f"{method}.yaml"
         config = load_config(config_file, args.overrides)
-        num_clients = config.data.num_clients
+        num_clients = len(load_federated_data(config.data, config.federation.seed).clients)
         sampled = clients_per_round(num_clients, config.federation.join_ratio)
         malicious = max(1, round(args.fraction * num_clients))
         for attack in args.attacks:
