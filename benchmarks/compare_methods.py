@@ -34,34 +34,37 @@ FEDERATION = {"join_ratio": 1.0, "batch_size": 10, "lr": 0.005, "momentum": 0.0,
 METHOD_KEYS = {"fedft": ["method.head_epochs=1"], "fedftha": ["method.head_epochs=1"], "heurpfedla": ["method.k=1"]}
 
 
-def completed_rows(run_root: Path, rounds: int) -> list[dict[str, str]] | None:
-    """Rounds 0..rounds of the latest run under ``run_root`` that got that far, else None."""
+def completed_run(run_root: Path, rounds: int) -> tuple[Path, list[dict[str, str]]] | None:
+    """The latest run directory under ``run_root`` that got to round ``rounds``, with its rounds 0..rounds of
+    metrics.csv, else None."""
     for run_dir in sorted(run_root.glob("*"), reverse=True):
         metrics = run_dir / "metrics.csv"
         rows = list(csv.DictReader(metrics.open())) if metrics.exists() else []
         if len(rows) > rounds:
-            return rows[: rounds + 1]
+            return run_dir, rows[: rounds + 1]
     return None
 
 
-def run(method: str, rounds: int, output_dir: Path, extra: list[str]) -> None:
-    overrides = [f"federation.{k}={v}" for k, v in FEDERATION.items()] + METHOD_KEYS.get(method, []) + extra
-    # This interpreter's plfl, installed or only importable (e.g. from the repository root).
-    command = [
-        sys.executable,
-        "-m",
-        "plfl",
-        "fit",
-        "--config",
-        f"configs/{method}.yaml",
-        f"name={method}",
-        f"output_dir={output_dir}",
-        f"federation.rounds={rounds}",
-        "progress_bar=false",
-        *overrides,
-    ]
-    print("$", " ".join(command), file=sys.stderr, flush=True)
-    subprocess.run(command, check=True)
+def completed_rows(run_root: Path, rounds: int) -> list[dict[str, str]] | None:
+    """Rounds 0..rounds of the latest run under ``run_root`` that got that far, else None."""
+    run = completed_run(run_root, rounds)
+    return None if run is None else run[1]
+
+
+def fit_cell(config_file: Path, name: str, output_dir: Path, rounds: int, keys: list[str]) -> Path:
+    """The run directory of ``config_file`` run as ``name`` in ``output_dir`` for ``rounds`` rounds with the
+    overrides ``keys``: a finished one found there (:func:`completed_run`), else a new run in a
+    subprocess of this interpreter.
+
+    Raises:
+        subprocess.CalledProcessError: the run failed.
+    """
+    if completed_run(output_dir / name, rounds) is None:
+        command = [sys.executable, "-m", "plfl", "fit", "--config", str(config_file)]
+        command += [f"name={name}", f"output_dir={output_dir}", f"federation.rounds={rounds}", "progress_bar=false"]
+        print("$", " ".join(command + keys), file=sys.stderr, flush=True)
+        subprocess.run(command + keys, check=True)
+    return completed_run(output_dir / name, rounds)[0]
 
 
 def departures(method: str) -> list[str]:
@@ -121,8 +124,8 @@ def main() -> None:
     args = parser.parse_args()
     results = {}
     for method in args.methods:
-        if completed_rows(args.output_dir / method, args.rounds) is None:
-            run(method, args.rounds, args.output_dir, args.overrides)
+        overrides = [f"federation.{k}={v}" for k, v in FEDERATION.items()] + METHOD_KEYS.get(method, [])
+        fit_cell(Path(f"configs/{method}.yaml"), method, args.output_dir, args.rounds, overrides + args.overrides)
         results[method] = completed_rows(args.output_dir / method, args.rounds)
     print(f"Rounds: {args.rounds}; federation: {FEDERATION}; method keys: {METHOD_KEYS}; overrides: {args.overrides}")
     print(

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
-from compare_methods import completed_rows
+from compare_methods import completed_rows, fit_cell
 
 from plfl.config import load_config
 from plfl.data.loading import load_federated_data
@@ -78,12 +76,7 @@ def main() -> None:
             for rule in args.rules:
                 name = f"{method}-{attack}-{rule}"
                 keys = cell_overrides(attack, rule, args, sampled, malicious)
-                if completed_rows(args.output_dir / name, args.rounds) is None:
-                    command = [sys.executable, "-m", "plfl", "fit", "--config", str(config_file)]
-                    command += [f"name={name}", f"output_dir={args.output_dir}", f"federation.rounds={args.rounds}"]
-                    command += ["progress_bar=false", *args.overrides, *keys]
-                    print("$", " ".join(command), file=sys.stderr, flush=True)
-                    subprocess.run(command, check=True)
+                fit_cell(config_file, name, args.output_dir, args.rounds, [*args.overrides, *keys])
                 last = completed_rows(args.output_dir / name, args.rounds)[-1]
                 backdoor = last.get("backdoor_success")
                 rows.append(
