@@ -177,7 +177,9 @@ def target_noise_multiplier(dp_sgd: SampleLevelDP, method: Method, rounds: int) 
     for client in method.context.data.clients:
         n = client.num_train
         steps = sum(
-            local_steps(n, dp_sgd.batch_size, length.get("epochs"), length.get("steps"), dp_sgd.min_last)
+            local_steps(
+                n, dp_sgd.batch_size, length.get("epochs"), length.get("steps"), dp_sgd.min_last, length.get("share", 1)
+            )
             for length in method.local_lengths()
         )
         if steps:

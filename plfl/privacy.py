@@ -260,9 +260,14 @@ def private_gradient(
     return [(torch.einsum("i,i...", factor, g) + z) / batch_size for g, z in zip(per_sample, noise)]
 
 
-def local_steps(n: int, batch_size: int, epochs: Optional[int], steps: Optional[int], min_last: int) -> int:
+def local_steps(
+    n: int, batch_size: int, epochs: Optional[int], steps: Optional[int], min_last: int, share: float = 1.0
+) -> int:
     """The SGD steps of a training on n samples for ``epochs`` epochs or ``steps`` steps, a last batch of fewer
-    than ``min_last`` samples skipped (:func:`plfl.batches.training_rows`' batches)."""
+    than ``min_last`` samples skipped (:func:`plfl.batches.training_rows`' batches); with ``share`` < 1, epochs
+    over max(1, ⌊share · n⌋) of the samples (ALA's s % sample)."""
+    if share < 1:
+        n = max(1, int(share * n))
     per_epoch = -(-epoch_size(n, batch_size, min_last) // batch_size)
     if not per_epoch:
         return 0
@@ -291,9 +296,11 @@ class SampleLevelDP:
         """What the executors read: σ and C."""
         return DPSGDNoise(self.noise_multiplier, self.config.max_grad_norm)
 
-    def account(self, client_id: int, n: int, epochs: Optional[int], steps: Optional[int]) -> None:
-        """A training of client ``client_id`` on n samples for ``epochs`` epochs or ``steps`` steps."""
-        taken = local_steps(n, self.batch_size, epochs, steps, self.min_last)
+    def account(self, client_id: int, n: int, epochs: Optional[int], steps: Optional[int], share: float = 1.0) -> None:
+        """A training of client ``client_id`` with n training samples for ``epochs`` epochs or ``steps`` steps, on
+        a ``share`` of them (:func:`local_steps`); each step's sample rate is B / n all the same (a sample is in
+        a given batch with that probability when the share is drawn at random)."""
+        taken = local_steps(n, self.batch_size, epochs, steps, self.min_last, share)
         if not taken:
             return
         if client_id not in self.accountants:

@@ -86,11 +86,14 @@ class TrainTask:
 
 class Batch(NamedTuple):
     """One mini-batch as a step sees it: x ``(W, *input_shape)``, y (W,) int64, and mask (W,) float 1/0 marking
-    the real samples of a padded batch (the vectorized executor's) or None when all W are real."""
+    the real samples of a padded batch (the vectorized executor's) or None when all W are real; for a task with
+    ``noise_std`` (:class:`StepTask`), ``noise``: this step's DP-SGD noise, a tensor of each state tensor's shape,
+    else None."""
 
     x: torch.Tensor
     y: torch.Tensor
     mask: Optional[torch.Tensor]
+    noise: Optional[Params] = None
 
 
 class Network(Protocol):
@@ -150,7 +153,10 @@ class StepTask:
     ``seed``) for ``epochs`` epochs or ``steps`` batches, or, with ``ordered_samples``, those training samples
     in their order, cut into the same batches every epoch; with ``data``, of those samples instead. A last batch
     shorter than ``min_last_batch`` samples, or than the model needs (two with BatchNorm), is left out
-    (:func:`plfl.batches.epoch_size`).
+    (:func:`plfl.batches.epoch_size`). With ``noise_std`` > 0 (DP-SGD's σC, for a step that privatises its
+    gradient), every batch comes with a draw N(0, noise_std²) per scalar of each state tensor (``Batch.noise``),
+    from the generator :func:`plfl.privacy.noise_generator` of ``seed``, tensor after tensor in the state's
+    order: the same draws on every executor.
 
     Raises:
         ValueError: not exactly one of ``epochs`` and ``steps``, one below 1, ``ordered_samples`` with
@@ -173,6 +179,7 @@ class StepTask:
     # The samples by value, x (n, ...) and y (n,) int64, in place of the client's training split (e.g. a
     # FeatureTask's features); the batches and ordered_samples index into them.
     data: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    noise_std: float = 0.0
 
     def __post_init__(self) -> None:
         _check_length(self, self.epochs, self.steps)

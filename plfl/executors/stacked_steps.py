@@ -14,6 +14,7 @@ share (the very same tensors under the same names) are kept once, not per client
 from __future__ import annotations
 
 from functools import partial
+from typing import Optional
 
 import torch
 from torch.func import vmap
@@ -21,6 +22,7 @@ from torch.func import vmap
 from plfl.executors.lockstep import Split, first_rows, stack, unstack, zero_rows
 from plfl.executors.step_graphs import StepGraphs
 from plfl.executors.steps import FunctionalNetwork
+from plfl.privacy import dp_sgd_noise, noise_generator
 from plfl.state import Params
 from plfl.tasks import Batch, Step, StepResult, StepTask, shared_identity
 
@@ -30,7 +32,8 @@ class StepState:
     ``common``, one copy for all) ``shared`` like one task's; the current batch's ``x``
     ``(capacity, width, *sample.shape)``, ``y`` (capacity, width) and ``mask`` (capacity, width); ``last``
     (capacity,) each client's latest step loss, ``loss_sum`` (float64) its losses weighted by their samples,
-    ``weight`` those samples."""
+    ``weight`` those samples; for a task with ``noise_std``, ``noise``: the current step's draws, rows like
+    ``state``'s (else empty)."""
 
     def __init__(
         self, task: StepTask, common: bool, sample: torch.Tensor, capacity: int, width: int, device: torch.device
@@ -43,6 +46,7 @@ class StepState:
         self.x = torch.zeros(capacity, width, *sample.shape, dtype=sample.dtype, device=device)
         self.y = torch.zeros(capacity, width, dtype=torch.long, device=device)
         self.mask = torch.zeros(capacity, width, device=device)
+        self.noise = zero_rows(task.state, capacity, device) if task.noise_std else {}
         self.last, self.weight = torch.zeros(2, capacity, device=device)
         self.loss_sum = torch.zeros(capacity, dtype=torch.float64, device=device)
 
@@ -78,14 +82,15 @@ class StepState:
 
 
 def layout(task: StepTask, common: bool, sample: torch.Tensor, width: int) -> tuple:
-    """What a :class:`StepState` must match to serve a cohort besides its rows: names, shapes and dtypes."""
+    """What a :class:`StepState` must match to serve a cohort besides its rows: names, shapes and dtypes, and
+    whether the steps take noise."""
     tensors = {
         **task.state,
         **{f"inputs/{k}": v for k, v in task.inputs.items()},
         **{f"shared/{k}": v for k, v in task.shared.items()},
         "x": sample,
     }
-    return common, width, tuple((k, v.shape, v.dtype) for k, v in tensors.items())
+    return common, width, task.noise_std > 0, tuple((k, v.shape, v.dtype) for k, v in tensors.items())
 
 
 class StackedSteps:
@@ -116,6 +121,7 @@ class StackedSteps:
             },
         }
         state = self._state(first, common, split.x[0], len(tasks), first.batch_size)
+        generators = [noise_generator(t.seed, device) for t in tasks] if first.noise_std else []
         if common:
             state.share(first.shared)
         epoch_losses: list[list[float]] = [[] for _ in tasks]
@@ -127,7 +133,10 @@ class StackedSteps:
                 state.save(order, cohort)
                 state.load(now, cohort, common)
                 order = now
-            self._epoch(state, first.step, common, split, [offsets[c] for c in order], [rows[c][epoch] for c in order])
+            noise = (first.noise_std, [generators[c] for c in order]) if generators else None
+            self._epoch(
+                state, first.step, common, split, [offsets[c] for c in order], [rows[c][epoch] for c in order], noise
+            )
             for c in order:
                 seen[c] += int((rows[c][epoch] >= 0).sum())
             for c, value in zip(order, state.last[: len(order)].cpu().tolist()):  # the epoch's one synchronisation
@@ -142,16 +151,27 @@ class StackedSteps:
         ]
 
     def _epoch(
-        self, state: StepState, step: Step, common: bool, split: Split, offsets: list[int], rows: list[torch.Tensor]
+        self,
+        state: StepState,
+        step: Step,
+        common: bool,
+        split: Split,
+        offsets: list[int],
+        rows: list[torch.Tensor],
+        noise: Optional[tuple[float, list[torch.Generator]]],
     ) -> None:
         """One local epoch of the running clients (in ``state``'s first rows, from ``offsets``), ``rows`` their
-        batches."""
+        batches; ``noise``: the tasks' ``noise_std`` and the running clients' generators, or None."""
         index, mask, _ = split.schedule(offsets, rows)
         for s in range(index.shape[0]):
             k = sum(len(r) > s for r in rows)
             state.x[:k].copy_(split.x[index[s, :k]])
             state.y[:k].copy_(split.y[index[s, :k]])
             state.mask[:k].copy_(mask[s, :k])
+            if noise is not None:  # each client's draws in the state's order, as run_step_task takes them
+                std, generators = noise
+                for value in state.noise.values():
+                    value[:k].copy_(torch.stack([dp_sgd_noise(value.shape[1:], std, g) for g in generators[:k]]))
             key = ("step", state.layout, step, k)
             self.graphs(key, partial(self._step, state, step, common, k), partial(state.mutated, k))
 
@@ -161,14 +181,26 @@ class StackedSteps:
         network = self.network
 
         def one(
-            client: Params, inputs: Params, shared: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+            client: Params,
+            inputs: Params,
+            shared: Params,
+            x: torch.Tensor,
+            y: torch.Tensor,
+            mask: torch.Tensor,
+            noise: Params,
         ) -> tuple:
-            return tuple(step(network, client, inputs, shared, Batch(x, y, mask)))
+            return tuple(step(network, client, inputs, shared, Batch(x, y, mask, noise or None)))
 
         rows = first_rows(state.state, k)
         shared = state.shared if common else first_rows(state.shared, k)
-        new, loss, samples = vmap(one, in_dims=(0, 0, None if common else 0, 0, 0, 0))(
-            rows, first_rows(state.inputs, k), shared, state.x[:k], state.y[:k], state.mask[:k]
+        new, loss, samples = vmap(one, in_dims=(0, 0, None if common else 0, 0, 0, 0, 0))(
+            rows,
+            first_rows(state.inputs, k),
+            shared,
+            state.x[:k],
+            state.y[:k],
+            state.mask[:k],
+            first_rows(state.noise, k),
         )
         for name, value in new.items():
             rows[name].copy_(value)

@@ -17,6 +17,7 @@ from torch.func import functional_call
 from plfl.activity import current as activity
 from plfl.batches import EVAL_BATCH_SIZE, epoch_size, sample_rows, smallest_batch, training_rows
 from plfl.executors.lockstep import masked, masked_batch_norms
+from plfl.privacy import dp_sgd_noise, noise_generator
 from plfl.state import Params
 from plfl.tasks import Batch, EvalResult, EvalTask, FeatureResult, FeatureTask, StepResult, StepTask
 
@@ -70,12 +71,16 @@ def run_step_task(
     on each batch in turn."""
     device = x.device
     state, inputs, shared = ({k: v.to(device) for k, v in d.items()} for d in (task.state, task.inputs, task.shared))
+    generator = noise_generator(task.seed, device) if task.noise_std else None
     loss_sum, weight, seen, epoch_losses = 0.0, 0.0, 0, []
     for rows in epoch_rows(task, len(y), batch_norm):
         last = math.nan
         for row in rows:
             index = row[row >= 0].to(device)
-            out = task.step(network, state, inputs, shared, Batch(x[index], y[index], None))
+            noise = None
+            if generator is not None:
+                noise = {k: dp_sgd_noise(v.shape, task.noise_std, generator) for k, v in state.items()}
+            out = task.step(network, state, inputs, shared, Batch(x[index], y[index], None, noise))
             state, last, samples = out.state, float(out.loss), float(out.samples)
             activity.add_steps()
             loss_sum, weight, seen = loss_sum + last * samples, weight + samples, seen + len(index)

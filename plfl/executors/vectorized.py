@@ -287,6 +287,7 @@ class VectorizedExecutor:
                 t.ordered_samples is None,
                 t.min_last_batch,
                 t.data is None,
+                t.noise_std,
             ),
             lambda t: epoch_rows(t, self.data.clients[t.client_id].num_train, self.batch_norm),
             lambda cohort, rows: [

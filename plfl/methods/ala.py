@@ -15,7 +15,13 @@ local model and the top p parameter tensors (``named_parameters`` order, counted
 The first time it runs for a client (:math:`W_i` absent, all ones to start: the "initial stage") it repeats epochs
 until more than ``num_pre_loss`` epoch losses are recorded and the std of the last ``num_pre_loss`` is below
 ``threshold`` (the recorded loss is each epoch's last batch loss, :func:`settled`), at most
-``max_init_epochs`` (a cap the reference code lacks: it can loop forever); afterwards exactly one epoch. Each
+``max_init_epochs`` (a cap the reference code lacks: it can loop forever); afterwards exactly one epoch.
+
+With sample-level DP (``privacy.level=sample``) Eq. 5 is a DP-SGD step on :math:`W_i`: the per-sample gradients
+:math:`\nabla_{W_i} \ell_j = \nabla_{\hat\Theta} \ell_j \odot (\Theta - \Theta_i)` are clipped and noised as the
+local training's are (:func:`plfl.privacy.private_gradient`, the same σ and C), and each of ALA's steps is one
+step of the client's accountant at sample rate B / n. It is then exactly one epoch every round: the initial
+stage's stopping rule reads the losses of the client's samples, so its length would depend on them. Each
 epoch is one step task (:mod:`plfl.tasks`), so every executor runs it and the clients' initial stages go on in
 lock-step, each until its own losses settle. When every top tensor is in the head, the global body's features of
 the sample are computed once (a feature task) and every epoch steps on them.
@@ -36,13 +42,13 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 import torch
 from torch import nn
-from torch.func import grad_and_value
+from torch.func import grad_and_value, vmap
 
 from plfl.errors import ConfigError, PlflWarning
 from plfl.fields import checked
-from plfl.methods.base import require_private_steps
 from plfl.models import BodyHeadModel
 from plfl.plots import Panel, Panels
+from plfl.privacy import private_gradient
 from plfl.seeding import derive_seed
 from plfl.state import ClientStateStore, Params
 from plfl.tasks import (
@@ -56,6 +62,7 @@ from plfl.tasks import (
     StepTask,
     Work,
     masked_cross_entropy,
+    masked_mean,
     resolved,
     sample_count,
 )
@@ -100,22 +107,40 @@ class ALAConfig:
 class ALAStep(Step):
     """Eq. 5 on one batch: the state is W_i (the top tensors' names), the inputs ``local/<name>`` (Θ_i) and
     ``gap/<name>`` (Θ − Θ_i), shared the received Θ. With ``head_only`` (every top tensor in the head) the
-    batches hold the fixed global body's features and the loss is the head's: the same numbers for less work."""
+    batches hold the fixed global body's features and the loss is the head's: the same numbers for less work.
+    A batch with noise (sample-level DP) takes DP-SGD's private gradient of W_i instead, its per-sample
+    gradients clipped to ``max_grad_norm`` C and the sum divided by the expected batch size ``batch_size`` B."""
 
     work = "ALA"
     eta: float
     top: tuple[str, ...]
     head_only: bool
+    max_grad_norm: float = 1.0
+    batch_size: int = 1
 
     def __call__(self, network: Network, state: Params, inputs: Params, shared: Params, batch: Batch) -> StepOutput:
-        def loss(theta: Params) -> torch.Tensor:
-            logits, _ = network({**shared, **theta}, batch.x, batch.mask, "head" if self.head_only else "")
-            return masked_cross_entropy(logits, batch.y, batch.mask)
+        module = "head" if self.head_only else ""
+
+        def loss(theta: Params, x: torch.Tensor, y: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+            logits, _ = network({**shared, **theta}, x, mask, module)
+            return masked_cross_entropy(logits, y, mask)
 
         theta = {k: inputs[f"local/{k}"] + inputs[f"gap/{k}"] * state[k] for k in self.top}
-        grads, value = grad_and_value(loss)(theta)
-        weights = {k: torch.clamp(state[k] - self.eta * grads[k] * inputs[f"gap/{k}"], 0, 1) for k in self.top}
-        return StepOutput(weights, value, sample_count(batch))
+        if batch.noise is None:
+            grads, value = grad_and_value(loss)(theta, batch.x, batch.y, batch.mask)
+            weights = {k: torch.clamp(state[k] - self.eta * grads[k] * inputs[f"gap/{k}"], 0, 1) for k in self.top}
+            return StepOutput(weights, value, sample_count(batch))
+
+        def sample_loss(theta: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return loss(theta, x[None], y[None], None)
+
+        grads, losses = vmap(grad_and_value(sample_loss), in_dims=(None, 0, 0))(theta, batch.x, batch.y)
+        mask = torch.ones_like(losses) if batch.mask is None else batch.mask
+        per_sample = [grads[k] * inputs[f"gap/{k}"] for k in self.top]  # ∇_W ℓ_j, (W, *shape)
+        noise = [batch.noise[k] for k in self.top]
+        private = private_gradient(per_sample, mask, noise, self.max_grad_norm, self.batch_size)
+        weights = {k: torch.clamp(state[k] - self.eta * g, 0, 1) for k, g in zip(self.top, private)}
+        return StepOutput(weights, masked_mean(losses, mask), sample_count(batch))
 
 
 def settled(epoch_losses: list[float], num_pre_loss: int, threshold: float) -> bool:
@@ -130,12 +155,14 @@ def local_aggregation(
 ) -> Work[Params]:
     """ALA's initialisation of client ``client_id``'s model from the received ``message`` (Θ) and its old
     ``local`` model (Θ_i): learns W_i (kept in the store as ``ala_weights``, with ``ala_epochs``) on an s %
-    sample drawn from the stream ``ala_subset`` of ``round_``, one epoch per step task, and returns Θ̂.
+    sample drawn from the stream ``ala_subset`` of ``round_``, one epoch per step task, and returns Θ̂. With
+    sample-level DP (``context.dp_sgd``) the steps are private, one epoch, each step accounted.
 
     Warns:
         PlflWarning: the initial stage hit ``max_init_epochs`` before the losses settled.
     """
     store, architecture, batch_size = context.store, context.architecture, context.federation.batch_size
+    dp_sgd = context.dp_sgd
     top = top_names(architecture, config.p)
     weights = store.get(client_id, "ala_weights")
     seed = derive_seed(context.federation.seed, round_, client_id, "ala_subset")
@@ -145,9 +172,15 @@ def local_aggregation(
         features: FeatureResult = yield FeatureTask(client_id, message, sample, batch_size)
         if len(features.y):  # none when BatchNorm leaves a sample of one out: then no epoch has a batch anyway
             data, sample = (features.x, features.y), torch.arange(len(features.y))
+    step, private = ALAStep(config.eta, tuple(top), data is not None), {}
+    if dp_sgd is not None:
+        noise = dp_sgd.noise
+        step = dataclasses.replace(step, max_grad_norm=noise.max_grad_norm, batch_size=batch_size)
+        private = {"noise_std": noise.noise_multiplier * noise.max_grad_norm, "min_last_batch": dp_sgd.min_last}
+        dp_sgd.account(client_id, context.data.clients[client_id].num_train, 1, None, config.s / 100)
     task = StepTask(
         client_id,
-        ALAStep(config.eta, tuple(top), data is not None),
+        step,
         weights or {k: torch.ones_like(message[k]) for k in top},
         seed,
         batch_size,
@@ -156,10 +189,11 @@ def local_aggregation(
         shared=message,
         ordered_samples=sample,
         data=data,
+        **private,
     )
     result: StepResult = yield task
     losses = list(result.epoch_losses)
-    if weights is None:  # the initial stage: an epoch at a time until the losses settle
+    if weights is None and dp_sgd is None:  # the initial stage: an epoch at a time until the losses settle
         while not settled(losses, config.num_pre_loss, config.threshold) and len(losses) < config.max_init_epochs:
             result = yield dataclasses.replace(task, state=result.state)
             losses += result.epoch_losses
@@ -195,9 +229,6 @@ class AdaptiveLocalAggregation:
 
     def __init__(self, config: Any, context: FederationContext, initial_params: Params):
         super().__init__(config, context, initial_params)
-        require_private_steps(
-            f"{self.name} (its ALA)", context, "learns ALA's aggregation weights on its samples in steps of its own"
-        )
         top_names(context.architecture, self.ala.p)  # refuses a p beyond the model's tensors before training
 
     @property
@@ -213,6 +244,11 @@ class AdaptiveLocalAggregation:
 
     def round_metrics(self, round_: int) -> dict[str, float]:
         return {**ala_metrics(self.store), **super().round_metrics(round_)}
+
+    def local_lengths(self) -> list[dict[str, float]]:
+        """The method's trainings and ALA's epoch on its s % sample, which sample-level DP accounts: ALA runs
+        at every round's broadcast, on every client."""
+        return [*super().local_lengths(), {"epochs": 1, "share": self.ala.s / 100}]
 
 
 @functools.cache

@@ -216,11 +216,12 @@ class Method:
             yield self.train_task(client_id, params, round_, "local_training", **self.context.federation.local_length())
         )
 
-    def local_lengths(self) -> list[dict[str, int]]:
+    def local_lengths(self) -> list[dict[str, float]]:
         """The local trainings of a sampled client in one round, each as :class:`plfl.tasks.TrainTask` keywords
         (epochs or steps): FedAvg's one, ``federation.local_epochs`` or ``federation.local_steps``. The σ of
         ``privacy.target_epsilon`` is computed for them; a method that trains a client more than once a round
-        names each training."""
+        names each training, and private steps of its own on a fraction of the samples add ``share``
+        (:func:`plfl.privacy.local_steps`)."""
         return [self.context.federation.local_length()]
 
     def train_task(self, client_id: int, params: Params, round_: int, stream: str, **options: Any) -> TrainTask:

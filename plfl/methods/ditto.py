@@ -83,7 +83,7 @@ class Ditto(FedAvg):
         loss = (personal.loss * personal.samples_seen + global_copy.loss * global_copy.samples_seen) / seen
         return TrainResult(personal.params, loss, seen, upload=global_copy.params)
 
-    def local_lengths(self) -> list[dict[str, int]]:
+    def local_lengths(self) -> list[dict[str, float]]:
         """v's training and w's."""
         return [self.personal_length(), self.context.federation.local_length()]
 
