@@ -127,9 +127,11 @@ def test_a_private_ala_step_clips_each_samples_weight_gradient_and_adds_the_nois
         torch.testing.assert_close(out.state[k], (weights[k] - eta * total[k] / batch_size).clamp(0, 1))
 
 
-@pytest.mark.parametrize("method, trainings", [("fedavg", 1), ("ditto", 2)])  # Ditto: v's training and w's
+# Ditto: v's training and w's; FedFTHA: the joint epoch and the head's 2 epochs.
+@pytest.mark.parametrize("method, trainings", [("fedavg", 1), ("ditto", 2), ("fedftha", 3)])
 def test_a_target_epsilon_chooses_the_sigma_that_the_worst_client_reaches_it_with(digits_config, method, trainings):
-    config = digits_config(**SAMPLE, **{"privacy.target_epsilon": 3.0, "method.name": method})
+    options = {"method.head_epochs": 2} if method == "fedftha" else {}
+    config = digits_config(**SAMPLE, **{"privacy.target_epsilon": 3.0, "method.name": method, **options})
     _, summary = run_experiment(config)
     sigma = summary["noise_multiplier"]
     trainings = {(20 / n, 3 * trainings * math.ceil(n / 20)) for n in client_sizes(config)}

@@ -70,6 +70,11 @@ class FedFTHA(Method):
         )
         return TrainResult(tuned.params, result.loss, result.samples_seen + tuned.samples_seen)
 
+    def local_lengths(self) -> list[dict[str, float]]:
+        """The joint epochs and τ_head head-only ones (none when ``head_epochs`` is 0)."""
+        head = [{"epochs": self.config.head_epochs}] if self.config.head_epochs else []
+        return [*super().local_lengths(), *head]
+
     def aggregate(self, messages: dict[int, Params], round_: int) -> None:
         bodies = [self.body(m) for m in messages.values()]
         for client_id, message in messages.items():
