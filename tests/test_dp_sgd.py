@@ -127,10 +127,10 @@ def test_a_private_ala_step_clips_each_samples_weight_gradient_and_adds_the_nois
         torch.testing.assert_close(out.state[k], (weights[k] - eta * total[k] / batch_size).clamp(0, 1))
 
 
-# Ditto: v's training and w's; FedFTHA: the joint epoch and the head's 2 epochs.
-@pytest.mark.parametrize("method, trainings", [("fedavg", 1), ("ditto", 2), ("fedftha", 3)])
+# Ditto: v's training and w's; FedFTHA: the joint epoch, then the head's 2; FedRep: the head's 2, then the body's.
+@pytest.mark.parametrize("method, trainings", [("fedavg", 1), ("ditto", 2), ("fedftha", 3), ("fedrep", 3)])
 def test_a_target_epsilon_chooses_the_sigma_that_the_worst_client_reaches_it_with(digits_config, method, trainings):
-    options = {"method.head_epochs": 2} if method == "fedftha" else {}
+    options = {"method.head_epochs": 2} if method in ("fedftha", "fedrep") else {}
     config = digits_config(**SAMPLE, **{"privacy.target_epsilon": 3.0, "method.name": method, **options})
     _, summary = run_experiment(config)
     sigma = summary["noise_multiplier"]

@@ -65,6 +65,10 @@ class FedRep(PartialSharing):
     def keep_local(self, model: nn.Module) -> frozenset[str]:
         return module_keys(model, lambda name, _: name == "head")
 
+    def local_lengths(self) -> list[dict[str, float]]:
+        """τ_h head epochs and the federation's local length on the body."""
+        return [{"epochs": self.config.head_epochs}, self.context.federation.local_length()]
+
     def local_train(self, client_id: int, params: Params, message: Optional[Params], round_: int) -> Work[TrainResult]:
         """τ_h head epochs with the body frozen, then τ_φ body epochs with the head frozen; the
         reported loss is the sample-weighted mean over both."""
