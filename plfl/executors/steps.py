@@ -79,7 +79,7 @@ def run_step_task(
             index = row[row >= 0].to(device)
             noise = None
             if generator is not None:
-                noise = {k: dp_sgd_noise(v.shape, task.noise_std, generator) for k, v in state.items()}
+                noise = {k: dp_sgd_noise(state[k].shape, task.noise_std, generator) for k in task.state}
             out = task.step(network, state, inputs, shared, Batch(x[index], y[index], None, noise))
             state, last, samples = out.state, float(out.loss), float(out.samples)
             activity.add_steps()
