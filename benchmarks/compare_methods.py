@@ -53,17 +53,23 @@ def completed_rows(run_root: Path, rounds: int) -> list[dict[str, str]] | None:
 
 def fit_cell(config_file: Path, name: str, output_dir: Path, rounds: int, keys: list[str]) -> Path:
     """The run directory of ``config_file`` run as ``name`` in ``output_dir`` for ``rounds`` rounds with the
-    overrides ``keys``: a finished one found there (:func:`completed_run`), else a new run in a
-    subprocess of this interpreter.
+    overrides ``keys``: a finished one found there (:func:`completed_run`); else the latest one there that saved
+    a checkpoint, continued with ``plfl fit --resume`` (an interrupted benchmark picks up where it stopped); else
+    a new run. Runs go in a subprocess of this interpreter.
 
     Raises:
         subprocess.CalledProcessError: the run failed.
     """
     if completed_run(output_dir / name, rounds) is None:
-        command = [sys.executable, "-m", "plfl", "fit", "--config", str(config_file)]
-        command += [f"name={name}", f"output_dir={output_dir}", f"federation.rounds={rounds}", "progress_bar=false"]
-        print("$", " ".join(command + keys), file=sys.stderr, flush=True)
-        subprocess.run(command + keys, check=True)
+        command = [sys.executable, "-m", "plfl", "fit"]
+        started = sorted(d for d in (output_dir / name).glob("*") if any((d / "checkpoints").glob("*.pt")))
+        if started:
+            command += ["--resume", str(started[-1])]
+        else:
+            command += ["--config", str(config_file), f"name={name}", f"output_dir={output_dir}", *keys]
+        command += [f"federation.rounds={rounds}", "progress_bar=false"]
+        print("$", " ".join(command), file=sys.stderr, flush=True)
+        subprocess.run(command, check=True)
     return completed_run(output_dir / name, rounds)[0]
 
 

@@ -1,5 +1,5 @@
 """benchmarks/robustness.py: each cell's keys follow the malicious share, the table and CSV hold every cell, and a
-finished cell is not run again."""
+finished cell is not run again while an unfinished one is continued."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_each_cells_keys_follow_the_malicious_share():
 
 
 @pytest.mark.slow
-def test_the_table_holds_every_cell_and_a_finished_cell_is_not_run_again(tmp_path, capsys):
+def test_the_table_holds_every_cell_reuses_a_finished_cell_and_continues_a_shorter_one(tmp_path, capsys):
     args = ["--methods", "fedavg", "--attacks", "none", "backdoor", "--rules", "mean", "median", "--rounds", "1"]
     args += ["--output-dir", str(tmp_path), "data.source=digits", "data.root=null", "data.num_clients=5", "model=mlp"]
     first = run_main(robustness, capsys, *args)
@@ -51,3 +51,11 @@ def test_the_table_holds_every_cell_and_a_finished_cell_is_not_run_again(tmp_pat
     assert again.returncode == 0 and "$ " not in again.stderr
     with (tmp_path / "robustness.csv").open() as f:
         assert list(csv.DictReader(f)) == rows
+    # A cell that stopped before --rounds (here: run for 1 round, asked for 2) continues from its checkpoint.
+    longer = run_main(robustness, capsys, *args[:6], "mean", "--rounds", "2", *args[10:])
+    assert longer.returncode == 0, longer.stderr
+    assert longer.stderr.count("$ ") == 2 and longer.stderr.count("--resume") == 2
+    for cell in ("fedavg-none-mean", "fedavg-backdoor-mean"):
+        (run_dir,) = (tmp_path / cell).iterdir()
+        with (run_dir / "metrics.csv").open() as f:
+            assert [r["round"] for r in csv.DictReader(f)] == ["0", "1", "2"]
