@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 from plfl.batches import batch_loader
 from plfl.callbacks import RunInfo
 from plfl.client import use_precision
+from plfl.client_side import LocalClients
 from plfl.config import load_config
 from plfl.data import load_federated_data
 from plfl.executors import build_executor
@@ -86,7 +87,7 @@ def seconds_per_round(kind: str, args: argparse.Namespace) -> list[float]:
     method = build_method(config.method, context, initial)
     executor = build_executor(config.work, config.executor_options, data, model)
     run = RunInfo(cfg, Path("."), len(data.clients), sum(p.numel() for p in model.parameters()))
-    loop = FederationLoop(method, context, executor, [], run)
+    loop = FederationLoop(method, context, LocalClients(method, context.store, executor), [], run)
     loop.run()
     return [r.metrics["seconds"] for r in loop.history if r.round > 0]
 

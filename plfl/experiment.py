@@ -17,6 +17,7 @@ from plfl.batches import has_batch_norm, last_batch_minimum
 from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, RunStart, WandbRun
 from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
+from plfl.client_side import LocalClients
 from plfl.config import ExperimentConfig
 from plfl.cpus import use_torch_threads
 from plfl.data import FederatedData, load_federated_data
@@ -132,8 +133,10 @@ def run_experiment(
         run = RunInfo(cfg, run_dir, len(participants.clients), sum(p.numel() for p in model.parameters()))
         if config.federation.state_offload:
             context.store.offload(run_dir / "client-state")
+        first_triggered = len(participants.clients) + len(unseen) if triggered else None
+        clients = LocalClients(method, store, executor, simulation, first_triggered)
         loop = FederationLoop(
-            method, context, executor, [], run, unseen, config.eval.finetune_epochs, simulation, attack
+            method, context, clients, [], run, unseen, config.eval.finetune_epochs, simulation, attack
         )
         if checkpoint is not None:
             loop.load_state_dict(checkpoint)

@@ -36,12 +36,11 @@ and the ``accountant``, and the checkpoint the clip norm and the rounds accounte
 the summary the largest and mean with σ, δ and the accountant, and the checkpoint each client's accountant
 history (``dp_sgd``).
 
-The per-client work of each phase (training with ``post_train``, the
-broadcast's ``pre_local_init``, evaluation) goes through one executor
-(:mod:`plfl.executors`); the loop keeps the books and the store. The server's
-message to a client is computed once per round, at the broadcast
-(``server_message``); the loop keeps it for the clients that train in the
-next round and hands it to their ``local_train``.
+The per-client work of each phase (training with ``post_train`` and ``client_message``, the broadcast's
+``pre_local_init``, evaluation) goes to the clients' side (:mod:`plfl.client_side`): in this process through one
+executor (:mod:`plfl.executors`), or on Flower's SuperNodes (:mod:`plfl.flower`); the loop keeps the server's books.
+The server's message to a client is computed once per round, at the broadcast (``server_message``); the loop keeps
+it for the clients that train in the next round and hands it to their ``local_train``.
 """
 
 from __future__ import annotations
@@ -55,39 +54,30 @@ from typing import Any, Optional
 from plfl.activity import current as activity
 from plfl.attacks import Attack
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
+from plfl.client_side import ClientSide
 from plfl.data.federated import ClientData
 from plfl.errors import FederationError, PlflError, PlflWarning
-from plfl.executors.base import Executor, drive
 from plfl.methods.base import FederationContext, Method, nbytes, numel
 from plfl.metrics import federation_metrics, hurt_fraction, selected_round
-from plfl.seeding import clients_per_round, derive_seed, global_rng_state, sample_clients, set_global_rng_state
+from plfl.seeding import clients_per_round, global_rng_state, sample_clients, set_global_rng_state
 from plfl.state import Params
 from plfl.stopping import Stopped, deferred
 from plfl.system import SystemSimulation
-from plfl.tasks import (
-    ClientFailure,
-    EvalResult,
-    EvalTask,
-    TrainResult,
-    TrainTask,
-    Work,
-    finite_or_failure,
-    non_finite,
-    resolved,
-)
+from plfl.tasks import ClientFailure, EvalResult, non_finite
 
 CHECKPOINT_FORMAT = 2
 
 
 class FederationLoop:
     """Runs ``rounds`` rounds of ``method`` over the clients in ``context``; the clients' training,
-    local initialisation and evaluation go through ``executor``."""
+    local initialisation and evaluation go to ``clients`` (the clients' side: :class:`~plfl.client_side.LocalClients`
+    runs them in this process; the unseen clients' fine-tuning needs it)."""
 
     def __init__(
         self,
         method: Method,
         context: FederationContext,
-        executor: Executor,
+        clients: ClientSide,
         callbacks: list[FederationCallback],
         run: RunInfo,
         unseen: Sequence[ClientData] = (),
@@ -97,7 +87,7 @@ class FederationLoop:
     ):
         self.method = method
         self.context = context
-        self.executor = executor
+        self.clients = clients
         self.callbacks = callbacks
         self.run_info = run
         self.federation = context.federation
@@ -188,28 +178,25 @@ class FederationLoop:
         and, with a system simulation, a row per sampled client: its ``status`` (dropped, late, failed, partial or
         full),
         the training ``samples`` it processed and its simulated ``arrival`` (seconds after the broadcast)."""
-        method, store, system = self.method, self.context.store, self.system
+        method, system = self.method, self.system
         activity.start_phase("training")
         sampled = sample_clients(self.federation.seed, round_, self.num_clients, self.federation.join_ratio)
         training = [c for c in sampled if system is None or not system.drops_out(c, round_)]
         down = {c: nbytes(self.received.get(c)) for c in training}
         messages, failed, late, arrivals, partial, loss_sum, samples = {}, [], [], [], 0, 0.0, 0
         timeline = [{"round": round_, "client": c, "status": "dropped", "samples": 0} for c in sampled if c not in down]
-        outcomes = drive([self._client_update(c, round_, down[c]) for c in training], self.executor)
-        for client_id, outcome in zip(training, outcomes):
-            if system is not None and not isinstance(outcome, ClientFailure):
-                outcome, processed, cut = outcome
-                if outcome is None:  # left no mini-batch before the deadline
-                    late.append(client_id)
-                    timeline.append({"round": round_, "client": client_id, "status": "late", "samples": processed})
-                    continue
-            result = outcome if isinstance(outcome, ClientFailure) else finite_or_failure(outcome)
-            if isinstance(result, ClientFailure):
-                failed.append({"round": round_, "client": client_id, "reason": result.reason})
+        budgets = {c: system.budget(c, down[c]) for c in training} if system is not None else {}
+        updates = self.clients.train(round_, training, {c: self.received.get(c) for c in training}, budgets)
+        for client_id, update in zip(training, updates):
+            if isinstance(update, ClientFailure):
+                failed.append({"round": round_, "client": client_id, "reason": update.reason})
                 timeline.append({"round": round_, "client": client_id, "status": "failed", "samples": 0})
                 continue
-            store.set(client_id, "model", result.params)
-            message = method.client_message(client_id, result, round_)
+            result, message, processed, cut = update.result, update.message, update.processed, update.cut
+            if result is None:  # left no mini-batch before the deadline
+                late.append(client_id)
+                timeline.append({"round": round_, "client": client_id, "status": "late", "samples": processed})
+                continue
             if self.attack is not None:
                 message = self.attack.message(method.name, client_id, message, self.received.get(client_id), round_)
             if system is not None:
@@ -251,22 +238,6 @@ class FederationLoop:
             row["simulated_seconds"] = system.round_seconds(arrivals, len(messages) < len(sampled))
         return row, sorted(timeline, key=lambda r: r["client"])
 
-    def _client_update(self, client_id: int, round_: int, down: int) -> Work[Any]:
-        """The client's round (:meth:`_local_work`); with a system simulation, metered
-        (:meth:`~plfl.system.SystemSimulation.metered`, ``down`` bytes received): (value, samples, cut)."""
-        work = self._local_work(client_id, round_)
-        if self.system is None:
-            return (yield from work)
-        return (yield from self.system.metered(client_id, work, self.system.budget(client_id, down)))
-
-    def _local_work(self, client_id: int, round_: int) -> Work[TrainResult]:
-        """The client's local training (from its model and the message it received) and post-training step,
-        as one hook for :func:`drive`."""
-        method = self.method
-        model, message = self.context.store.get(client_id, "model"), self.received.get(client_id)
-        result = yield from resolved(method.local_train(client_id, model, message, round_))
-        return (yield from resolved(method.post_train(client_id, result, round_)))
-
     def _check_failures(self, round_: int, sampled: int, failed: list[dict[str, Any]]) -> None:
         """Warn about each failed client; raise FederationError when too many of the ``sampled`` clients that
         trained failed.
@@ -305,22 +276,20 @@ class FederationLoop:
         )
         self.received = {}
         for group in self._groups():
-            hooks = []
+            messages = {}
             for client_id in group:
-                message = self.method.server_message(client_id, round_)
+                messages[client_id] = message = self.method.server_message(client_id, round_)
                 params, size = params + numel(message), size + nbytes(message)
                 if client_id in trains_next:
                     self.received[client_id] = message
-                hooks.append(resolved(self.method.pre_local_init(client_id, message, round_)))
-            for client_id, model in zip(group, drive(hooks, self.executor)):
-                if isinstance(model, ClientFailure):
+            for client_id, failure in self.clients.initialise(round_, messages).items():
+                if failure is not None:
                     raise FederationError(
                         f"Round {round_}: client {client_id}'s local initialisation "
-                        f"(pre_local_init) failed: {model.reason}. Fix the cause (e.g. lower "
+                        f"(pre_local_init) failed: {failure.reason}. Fix the cause (e.g. lower "
                         "federation.lr if training diverged) and continue with plfl fit --resume "
                         "RUN_DIR [federation.lr=...]."
                     )
-                self.context.store.set(client_id, "model", model)
         return {"params_sent": params, "bytes_sent": size}
 
     def _groups(self) -> list[range]:
@@ -340,19 +309,12 @@ class FederationLoop:
         activity.start_phase("evaluation")
         validated = self.context.data.has_validation
         results, val_results, triggered = {}, {}, []
-        forward = self.method.prediction()
         for group in self._groups():
-            models = [self.context.store.get(i, "model") for i in group]
-            tasks = [EvalTask(i, m, forward=forward) for i, m in zip(group, models)]
+            results.update(zip(group, self.clients.evaluate(group, "test")))
             if validated:
-                tasks += [EvalTask(i, m, split="val", forward=forward) for i, m in zip(group, models)]
+                val_results.update(zip(group, self.clients.evaluate(group, "val")))
             if self.attack is not None and self.attack.config.kind == "backdoor":
-                first = self.num_clients + len(self.unseen)  # each client's triggered test images
-                tasks += [EvalTask(first + i, m, forward=forward) for i, m in zip(group, models)]
-            evaluated = self.executor.evaluate(tasks)
-            results.update(zip(group, evaluated[: len(group)]))
-            val_results.update(zip(group, evaluated[len(group) : 2 * len(group) if validated else len(group)]))
-            triggered.extend(evaluated[(2 if validated else 1) * len(group) :])
+                triggered.extend(self.clients.evaluate(group, "triggered"))
         sizes = {i: c.num_samples for i, c in enumerate(self.context.data.clients)}
         metrics = federation_metrics(results, sizes)
         if validated:
@@ -364,7 +326,8 @@ class FederationLoop:
         global_model = self.method.global_model(round_)
         global_results = {}
         if global_model is not None:
-            global_results = dict(zip(results, self.executor.evaluate([EvalTask(i, global_model) for i in results])))
+            evaluated = self.clients.evaluate_models(list(results), [global_model] * len(results))
+            global_results = dict(zip(results, evaluated))
             pooled = federation_metrics(global_results, sizes)
             metrics.update(
                 global_accuracy=pooled["accuracy"],
@@ -399,7 +362,7 @@ class FederationLoop:
         activity.start_phase("unseen clients")
         model = self.method.new_client_model(round_)
         ids = range(self.num_clients, self.num_clients + len(self.unseen))
-        models = drive([self._join(client_id, model, round_) for client_id in ids], self.executor)
+        models = self.clients.fine_tune(round_, ids, model, self.finetune_epochs)
         for client_id, joined in zip(ids, models):
             if isinstance(joined, ClientFailure):
                 raise FederationError(
@@ -407,19 +370,10 @@ class FederationLoop:
                     f"{self.finetune_epochs}) failed: {joined.reason}. Lower eval.finetune_epochs or "
                     "federation.lr and continue with plfl fit --resume RUN_DIR [eval.finetune_epochs=...]."
                 )
-        results = dict(zip(ids, self.executor.evaluate([EvalTask(i, m) for i, m in zip(ids, models)])))
+        results = dict(zip(ids, self.clients.evaluate_models(ids, models)))
         metrics = federation_metrics(results, {i: c.num_samples for i, c in zip(ids, self.unseen)})
         rows = [client_result_row(round_, i, r) for i, r in results.items()]
         return {f"unseen_{key}": value for key, value in metrics.items()}, rows
-
-    def _join(self, client_id: int, model: Params, round_: int) -> Work[Params]:
-        """An unseen client's model: ``model`` after ``eval.finetune_epochs`` epochs on its training split."""
-        if not self.finetune_epochs:
-            return model
-        seed = derive_seed(self.federation.seed, round_, client_id, "unseen_finetuning")
-        result = yield TrainTask(client_id, model, seed, epochs=self.finetune_epochs)
-        failure = finite_or_failure(result)
-        return failure if isinstance(failure, ClientFailure) else result.params
 
     def summary(self, status: str) -> dict[str, Any]:
         """Best and final metrics and per-round costs of the rounds run so far.

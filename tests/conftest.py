@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from plfl.callbacks import RunInfo
+from plfl.client_side import LocalClients
 from plfl.config import validate
 from plfl.data import ClientData, FederatedData
 from plfl.executors import Executor, SequentialExecutor, drive
@@ -155,9 +156,8 @@ def run_hook(context: FederationContext, value, executor: Optional[Executor] = N
 
 def run_loop(method, context: FederationContext, executor: Optional[Executor] = None) -> FederationLoop:
     """``method``'s federation over ``context``, run to its last round without callbacks."""
-    loop = FederationLoop(
-        method, context, executor or sequential(context), [], RunInfo(None, Path("."), len(context.data.clients), 0)
-    )
+    clients = LocalClients(method, context.store, executor or sequential(context))
+    loop = FederationLoop(method, context, clients, [], RunInfo(None, Path("."), len(context.data.clients), 0))
     loop.run()
     return loop
 

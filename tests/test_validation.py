@@ -210,24 +210,26 @@ def test_a_client_is_validated_with_the_model_its_test_accuracy_uses(digits_conf
     evaluate = FederationLoop._evaluate
 
     def recorded(self, round_):
-        original = self.executor.evaluate
+        executor = self.clients.executor
+        original = executor.evaluate
 
         def spy(tasks):
             calls.append(list(tasks))
             return original(tasks)
 
-        self.executor.evaluate = spy
+        executor.evaluate = spy
         try:
             return evaluate(self, round_)
         finally:
-            self.executor.evaluate = original
+            executor.evaluate = original
 
     monkeypatch.setattr(FederationLoop, "_evaluate", recorded)
     run_experiment(digits_config(**{"data.val_fraction": 0.2, "method.name": "pfedme", "federation.rounds": 1}))
-    client_calls = [tasks for tasks in calls if any(t.split == "val" for t in tasks)]
-    assert len(client_calls) == 2  # rounds 0 and 1; the global model's calls (test splits only) apart
-    for tasks in client_calls:
-        test = {t.client_id: t.params for t in tasks if t.split == "test"}
+    val_calls = [k for k, tasks in enumerate(calls) if any(t.split == "val" for t in tasks)]
+    assert len(val_calls) == 2  # rounds 0 and 1; each comes right after the same clients' test split
+    for k in val_calls:
+        test = {t.client_id: t.params for t in calls[k - 1] if t.split == "test"}
+        tasks = calls[k]
         val = {t.client_id: t.params for t in tasks if t.split == "val"}
         assert sorted(test) == sorted(val) == list(range(5))
         assert all(val[i] is test[i] for i in test)
