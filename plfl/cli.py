@@ -3,7 +3,7 @@
 ``plfl reproduce SUITE [--cells PATTERN] [--rounds N] [--seeds K] [--parallel N] [key=value ...]``,
 ``plfl reproduce --list``, ``plfl report RUN_DIR... [-o report.html]``, ``plfl invert --config X.yaml --client C
 --round R [--batch-size B] [--attack dlg|idlg] [--iterations N] [--restarts K] [key=value ...]``,
-``plfl methods [NAME]``,
+``plfl methods [NAME]``, ``plfl flower --config X.yaml [--nodes N] [key=value ...]``,
 ``plfl --version``.
 
 Only what a command needs is imported: Lightning, W&B and the data readers only when training, so that config
@@ -145,6 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
     invert.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
     )
+    flower = commands.add_parser(
+        "flower", help="run a config as a Flower app in Flower's simulation runtime (needs pip install -e '.[flower]')"
+    )
+    flower.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
+    flower.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. method=fedala")
+    flower.add_argument(
+        "--nodes", type=int, default=2, metavar="N", help="SuperNodes; node K holds clients K, K + N, ... (default 2)"
+    )
+    flower.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+    )
     methods = commands.add_parser("methods", help="list the methods (method.name) with their keys and defaults")
     methods.add_argument("names", nargs="*", metavar="NAME", help="only these methods (default: all)")
     methods.add_argument(
@@ -198,35 +209,53 @@ def fit(args: argparse.Namespace) -> None:
     for seed in args.seeds or [cfg.federation.seed]:
         cfg.federation.seed = seed
         run_dir, summary = run_experiment(cfg, args.resume)
-        best, final = summary["best_accuracy"], summary["final_accuracy"]
-        headline = "Best accuracy"
-        if summary.get("selected_accuracy") is not None:  # data.val_fraction: the round chosen on validation
-            headline = (
-                f"Accuracy selected on validation {100 * summary['selected_accuracy']:.2f} % "
-                f"(round {summary['selected_round']}); best on test"
-            )
-        print(
-            f"{headline} {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
-            f"{summary['seconds_per_round']:.2f} s per round"
-        )
-        if summary.get("final_unseen_accuracy") is not None:  # federation.unseen_clients
-            print(
-                f"Unseen clients ({summary['num_unseen_clients']}) at the final round "
-                f"{100 * summary['final_unseen_accuracy']:.2f} %, participation gap "
-                f"{100 * summary['final_participation_gap']:+.2f} points"
-            )
-        if summary.get("simulated_seconds_per_round") is not None:  # federation.system
-            print(
-                f"Simulated {summary['simulated_seconds_per_round']:.2f} s per round; client-rounds dropped out "
-                f"{summary['dropped_clients']}, late {summary['late_clients']}, cut to partial work "
-                f"{summary['partial_clients']}"
-            )
-        print(disk_use_line(run_dir))
-        print(f"Run directory: {run_dir}")
+        print_summary(run_dir, summary)
         run_dirs.append(run_dir)
     if args.seeds:
         print(f"Seeds {args.seeds}: best accuracy mean ± std over seeds")
         print(comparison_table([read_run(d) for d in run_dirs]))
+
+
+def flower(args: argparse.Namespace) -> None:
+    from plfl.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    check_torch_builds()
+    try:
+        from plfl.flower.app import run_simulation
+    except ImportError as missing:
+        raise PlflError(f"plfl flower needs Flower ({missing}): pip install -e '.[flower]'") from None
+    outcome = run_simulation(cfg, args.nodes, {"client_resources": {"num_cpus": 1}})
+    print_summary(outcome["run_dir"], outcome["summary"])
+
+
+def print_summary(run_dir: Path, summary: dict) -> None:
+    """A finished run's headline figures, its disk use and its directory."""
+    best, final = summary["best_accuracy"], summary["final_accuracy"]
+    headline = "Best accuracy"
+    if summary.get("selected_accuracy") is not None:  # data.val_fraction: the round chosen on validation
+        headline = (
+            f"Accuracy selected on validation {100 * summary['selected_accuracy']:.2f} % "
+            f"(round {summary['selected_round']}); best on test"
+        )
+    print(
+        f"{headline} {100 * best:.2f} % (round {summary['best_round']}), final {100 * final:.2f} %, "
+        f"{summary['seconds_per_round']:.2f} s per round"
+    )
+    if summary.get("final_unseen_accuracy") is not None:  # federation.unseen_clients
+        print(
+            f"Unseen clients ({summary['num_unseen_clients']}) at the final round "
+            f"{100 * summary['final_unseen_accuracy']:.2f} %, participation gap "
+            f"{100 * summary['final_participation_gap']:+.2f} points"
+        )
+    if summary.get("simulated_seconds_per_round") is not None:  # federation.system
+        print(
+            f"Simulated {summary['simulated_seconds_per_round']:.2f} s per round; client-rounds dropped out "
+            f"{summary['dropped_clients']}, late {summary['late_clients']}, cut to partial work "
+            f"{summary['partial_clients']}"
+        )
+    print(disk_use_line(run_dir))
+    print(f"Run directory: {run_dir}")
 
 
 def disk_use(path: Path) -> int:
@@ -385,6 +414,7 @@ COMMANDS = {
     "report": report,
     "invert": invert,
     "methods": methods,
+    "flower": flower,
 }
 INTERRUPTED = {
     "fit": "rounds finished so far are in the run directory; plfl fit --resume RUN_DIR continues",
@@ -394,6 +424,7 @@ INTERRUPTED = {
     "report": "the report may be incomplete; run the command again",
     "invert": "the run directory keeps its rounds; run the command again",
     "methods": "nothing was written",
+    "flower": "the rounds finished so far are in the run directory",
 }
 
 
@@ -408,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     # argparse fills every positional at its first one, so `sweep X.yaml --count 3 a=b` (or `fit a=b --seeds 1,2
     # c=d`) leaves the later overrides over.
-    if extra and args.command in ("fit", "sweep", "reproduce", "invert") and not any(e.startswith("-") for e in extra):
+    positional = args.command in ("fit", "sweep", "reproduce", "invert", "flower")
+    if extra and positional and not any(e.startswith("-") for e in extra):
         args.overrides += extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
+from plfl.data.federated import FederatedData
 from plfl.executors.base import Executor, drive
 from plfl.methods.base import Method
 from plfl.seeding import derive_seed
@@ -59,6 +60,13 @@ class ClientSide(Protocol):
     ) -> list[Params | ClientFailure]:
         """``model`` after ``epochs`` epochs on each of ``clients``' training splits: unseen clients joining
         (``federation.unseen_clients``)."""
+
+
+class RemoteClients(ClientSide, Protocol):
+    """A clients' side in other processes (:class:`plfl.flower.server.FlowerClients`), which holds the data."""
+
+    def federated_data(self) -> FederatedData:
+        """The federation as the server sees it: the clients' sample counts and the data's shape."""
 
 
 class LocalClients:

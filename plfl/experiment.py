@@ -17,7 +17,7 @@ from plfl.batches import has_batch_norm, last_batch_minimum
 from plfl.callbacks import Checkpoints, FederationCallback, RoundProgress, RunFiles, RunInfo, RunStart, WandbRun
 from plfl.callbacks.files import write_atomically
 from plfl.checkpoint import load_latest_checkpoint
-from plfl.client_side import LocalClients
+from plfl.client_side import LocalClients, RemoteClients
 from plfl.config import ExperimentConfig
 from plfl.cpus import use_torch_threads
 from plfl.data import FederatedData, load_federated_data
@@ -39,6 +39,7 @@ def run_experiment(
     resume: Optional[Path] = None,
     run_dir: Optional[Path] = None,
     callbacks: Sequence[FederationCallback] = (),
+    remote: Optional[RemoteClients] = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Load the data, build model, method and callbacks, and run the federation.
 
@@ -53,6 +54,8 @@ def run_experiment(
         run_dir: the empty directory a new run writes to, made by the caller so that it is known before the run
             starts (``plfl sweep`` records its trials' directories); default: a new ``<output_dir>/<name>/<time>/``.
         callbacks: more callbacks, after those the config asks for (``plfl invert`` records an upload).
+        remote: the clients' side in other processes (Flower's SuperNodes, :mod:`plfl.flower`): the data's shape
+            and sample counts come from it, and every client's work goes to it; no executor is built here.
 
     Returns:
         The run directory (``<output_dir>/<name>/<time>/``, ``resume`` or ``run_dir``) and the summary.
@@ -75,7 +78,7 @@ def run_experiment(
     # config.yaml records the count, so that a resumed run uses it: torch's CPU results depend on it in the last bits
     cfg = OmegaConf.merge(cfg, {"federation": {"threads": threads}})
     L.seed_everything(config.federation.seed, verbose=False)
-    data = load_federated_data(config.data, config.federation.seed)
+    data = remote.federated_data() if remote else load_federated_data(config.data, config.federation.seed)
     if config.federation.drop_last:
         require_full_batches(data, config.federation.batch_size)
     model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
@@ -121,11 +124,15 @@ def run_experiment(
         simulation = SystemSimulation(system, num_train, config.federation.batch_size, config.federation.seed)
     # The executor holds every client's data: the participants', then the unseen clients' (ids from N on), then,
     # with a backdoor, each participant's triggered test images (ids from N + U on).
-    executor = build_executor(
-        config.work if dp_sgd is None else dataclasses.replace(config.work, dp_sgd=dp_sgd.noise),
-        config.executor_options,
-        dataclasses.replace(data, clients=participants.clients + unseen + triggered),
-        model,
+    executor = (
+        None
+        if remote
+        else build_executor(
+            config.work if dp_sgd is None else dataclasses.replace(config.work, dp_sgd=dp_sgd.noise),
+            config.executor_options,
+            dataclasses.replace(data, clients=participants.clients + unseen + triggered),
+            model,
+        )
     )
     try:  # the executor's workers (Ray's actors) and the offload files go however the run ends, Ctrl+C included
         run_dir = resume or run_dir or new_run_dir(Path(cfg.output_dir) / cfg.name)
@@ -134,7 +141,7 @@ def run_experiment(
         if config.federation.state_offload:
             context.store.offload(run_dir / "client-state")
         first_triggered = len(participants.clients) + len(unseen) if triggered else None
-        clients = LocalClients(method, store, executor, simulation, first_triggered)
+        clients = remote or LocalClients(method, store, executor, simulation, first_triggered)
         loop = FederationLoop(
             method, context, clients, [], run, unseen, config.eval.finetune_epochs, simulation, attack
         )
@@ -146,7 +153,8 @@ def run_experiment(
         return run_dir, loop.run()
     finally:
         context.store.close()  # the offload files: the checkpoints hold what a resumed run needs
-        executor.close()
+        if executor is not None:
+            executor.close()
 
 
 def sample_level_dp(config: ExperimentConfig, model: nn.Module) -> SampleLevelDP:

@@ -1,0 +1,168 @@
+"""A SuperNode's side: its clients' hooks and tasks on its own data, their state kept on the node.
+
+A node holds the clients ``partition-id, partition-id + num-partitions, ...`` of the federation (its
+``node_config``, as Flower's simulation runtime sets it and ``flower-supernode --node-config`` does), loads their
+data from the config's ``data`` section on its own machine (never from the server) and answers the server's
+requests with a :class:`~plfl.client_side.LocalClients` of its own: the method's client hooks over a store of its
+clients' state. That state and the messages its clients received last persist in the node's Flower context
+(``context.state``) between requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from typing import Any, Optional
+
+import lightning as L
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from omegaconf import DictConfig, OmegaConf
+
+from plfl.client_side import LocalClients
+from plfl.config import ExperimentConfig
+from plfl.data import FederatedData, load_federated_data
+from plfl.data.federated import ClientData
+from plfl.errors import ConfigError
+from plfl.executors import build_executor
+from plfl.flower.records import CONFIG, config_of, models_of
+from plfl.methods import build_method, method_class
+from plfl.methods.base import FederationContext
+from plfl.models import models
+from plfl.state import ClientStateStore, Params
+from plfl.tasks import ClientFailure, EvalResult
+
+STATE = "plfl"
+
+
+def node_clients(node_config: dict[str, Any], num_clients: int) -> list[int]:
+    """The clients a node holds: ``partition-id`` + k · ``num-partitions`` for k = 0, 1, ... below ``num_clients``.
+
+    Raises:
+        ConfigError: the node config lacks the keys, or ``partition-id`` is outside 0..num-partitions − 1.
+    """
+    try:
+        partition, partitions = int(node_config["partition-id"]), int(node_config["num-partitions"])
+    except KeyError as missing:
+        raise ConfigError(
+            f"A plfl SuperNode needs {missing} in its node config: start it with "
+            '--node-config "partition-id=K num-partitions=P" (its clients: K, K + P, ...).'
+        ) from None
+    if not 0 <= partition < partitions:
+        raise ConfigError(f"partition-id={partition} is outside 0..{partitions - 1} (num-partitions={partitions}).")
+    return list(range(partition, num_clients, partitions))
+
+
+def only(data: FederatedData, clients: list[int]) -> FederatedData:
+    """``data`` with every client outside ``clients`` emptied (0 samples): a node keeps its own clients' data."""
+    kept = set(clients)
+
+    def empty(c: ClientData) -> ClientData:
+        return ClientData(c.x_train[:0].clone(), c.y_train[:0].clone(), c.x_test[:0].clone(), c.y_test[:0].clone())
+
+    return dataclasses.replace(data, clients=[c if i in kept else empty(c) for i, c in enumerate(data.clients)])
+
+
+class Node:
+    """The clients of one SuperNode under the run's config ``cfg`` (validated), from ``node_config``.
+
+    Raises:
+        ConfigError, DataError: as :func:`plfl.experiment.run_experiment` for the same config.
+    """
+
+    def __init__(self, cfg: DictConfig, node_config: dict[str, Any]):
+        config: ExperimentConfig = OmegaConf.to_object(cfg)
+        L.seed_everything(config.federation.seed, verbose=False)  # the initial model the server draws too
+        data = load_federated_data(config.data, config.federation.seed)
+        self.clients = node_clients(node_config, len(data.clients))
+        data = only(data, self.clients)
+        model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
+        model = method_class(config.method.name).client_network(model)
+        initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.store = ClientStateStore(len(data.clients))
+        context = FederationContext(data, self.store, config.federation, model, config.data.augment, config.aggregation)
+        method = build_method(config.method, context, initial_params)
+        executor = build_executor(config.work, config.executor_options, data, model)
+        self.local = LocalClients(method, self.store, executor)
+        self.data = data
+        self.received: dict[int, Optional[Params]] = {}  # each client's message of the last broadcast
+
+    def describe(self) -> ConfigRecord:
+        """The node's clients and their split sizes, and what the server needs of the data's shape."""
+        own = [self.data.clients[i] for i in self.clients]
+        return ConfigRecord(
+            {
+                "clients": self.clients,
+                "num_train": [c.num_train for c in own],
+                "num_val": [c.num_val for c in own],
+                "num_test": [c.num_test for c in own],
+                "name": self.data.name,
+                "num_classes": self.data.num_classes,
+                "input_shape": list(self.data.input_shape),
+                "vocab_size": -1 if self.data.vocab_size is None else self.data.vocab_size,
+            }
+        )
+
+    def handle(self, message: Message, context: Context) -> Message:
+        """Answer one request (its ``message_type``), the clients' state read from and written back to
+        ``context.state``."""
+        kind = message.metadata.message_type
+        if kind == "query.describe":
+            return Message(RecordDict({CONFIG: self.describe()}), reply_to=message)
+        self._load(context)
+        request = config_of(message.content)
+        clients = list(request["clients"])
+        round_ = int(request["round"])
+        reply = RecordDict()
+        if kind == "query.initialise":
+            messages = dict(zip(clients, models_of(message.content)))
+            failures = self.local.initialise(round_, messages)
+            self.received.update(messages)
+            done = {c: {} for c, f in failures.items() if f is None}
+            failed = {c: f for c, f in failures.items() if f is not None}
+        elif kind == "train":
+            updates = self.local.train(round_, clients, {c: self.received.get(c) for c in clients}, {})
+            done, failed = {}, {}
+            for client_id, update in zip(clients, updates):
+                if isinstance(update, ClientFailure):
+                    failed[client_id] = update
+                    continue
+                done[client_id] = {"loss": update.result.loss, "samples": update.result.samples_seen}
+                if update.message is not None:
+                    reply[f"upload.{client_id}"] = ArrayRecord(torch_state_dict=update.message)
+        elif kind == "evaluate":
+            done = evaluated(clients, self.local.evaluate(clients, request["split"]))
+            failed = {}
+        elif kind == "evaluate.models":
+            done = evaluated(clients, self.local.evaluate_models(clients, models_of(message.content)))
+            failed = {}
+        else:
+            raise ValueError(f"a plfl SuperNode has no request {kind!r}")
+        self._save(context)
+        reply[CONFIG] = ConfigRecord(
+            {
+                "clients": list(done),
+                **{key: [row[key] for row in done.values()] for key in next(iter(done.values()), {})},
+                "failed": list(failed),
+                "reasons": [f.reason for f in failed.values()],
+            }
+        )
+        return Message(reply, reply_to=message)
+
+    def _load(self, context: Context) -> None:
+        record = context.state.get(STATE)
+        if record is None:
+            return
+        state = torch.load(io.BytesIO(record["state"]), weights_only=True)
+        self.store.load_state_dict(state["store"])
+        self.received = state["received"]
+
+    def _save(self, context: Context) -> None:
+        buffer = io.BytesIO()
+        torch.save({"store": self.store.state_dict(), "received": self.received}, buffer)
+        context.state[STATE] = ConfigRecord({"state": buffer.getvalue()})
+
+
+def evaluated(clients: list[int], results: list[EvalResult]) -> dict[int, dict[str, Any]]:
+    """Each client's evaluation as a reply row."""
+    return {c: {"correct": r.correct, "total": r.total, "loss": r.loss} for c, r in zip(clients, results)}

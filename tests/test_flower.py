@@ -1,0 +1,185 @@
+"""plfl as a Flower app: requests carry each model once, nodes hold their own clients, what only a simulation has
+is refused, the server sees sample counts but no samples, and a run on SuperNodes (in this process, and in
+Flower's simulation runtime) gives the sequential executor's metrics."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+
+import pytest
+import torch
+
+pytest.importorskip("flwr")
+
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from plfl.cli import main  # noqa: E402
+from plfl.errors import ConfigError, PlflError  # noqa: E402
+from plfl.experiment import run_experiment  # noqa: E402
+from plfl.flower.app import check_flower, client_app, run_config, run_simulation  # noqa: E402
+from plfl.flower.node import node_clients  # noqa: E402
+from plfl.flower.records import models_of, with_models  # noqa: E402
+from plfl.flower.server import FlowerClients  # noqa: E402
+
+# The five methods whose Flower runs are checked against the sequential executor: their client hooks keep state
+# (FedALA's, Ditto's personal models, Self-FL's statistics) and their servers differ (pFedLA's hypernetworks).
+METHODS = ("fedavg", "fedala", "ditto", "pfedla", "selffl")
+
+
+class InProcessGrid:
+    """A Flower Grid whose SuperNodes are ClientApps of ``cfg`` in this process, node K holding clients K, K +
+    ``nodes``, ...; each node keeps its own context, as a SuperNode does, and each grid is a new Flower run."""
+
+    runs = itertools.count(1)
+
+    def __init__(self, cfg, nodes: int):
+        self.app = client_app(cfg)
+        self.run_id = next(self.runs)
+        self.contexts = {100 + k: self.context(100 + k, k, nodes) for k in range(nodes)}
+
+    def context(self, node: int, partition: int, partitions: int) -> Context:
+        return Context(self.run_id, node, {"partition-id": partition, "num-partitions": partitions}, RecordDict(), {})
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def send_and_receive(self, messages, timeout=None):
+        return [self.app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
+
+
+@pytest.fixture
+def flower_identity(monkeypatch):
+    """The run identity Flower's messages are stamped with inside an app."""
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 0)
+
+
+def metrics(run_dir):
+    with (run_dir / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def assert_same_metrics(flower_dir, sequential_dir):
+    """Every metric of the Flower run equals the sequential run's (seconds apart); the method's statistics of its
+    clients' state (e.g. FedALA's ala_weight_mean) stay on the nodes."""
+    flower, sequential = metrics(flower_dir), metrics(sequential_dir)
+    assert len(flower) == len(sequential)
+    for ours, theirs in zip(flower, sequential):
+        for key, value in ours.items():
+            if key != "seconds":
+                assert value == pytest.approx(theirs[key]) if value else value == theirs[key], key
+
+
+def test_a_request_carries_each_model_once_and_the_node_reads_one_object_per_model(flower_identity):
+    shared = {"w": torch.arange(6.0).reshape(2, 3)}
+    own = {"w": torch.ones(2, 3)}
+    records = with_models({"clients": [0, 1, 2, 3]}, [shared, None, own, shared])
+    assert sorted(records.array_records) == ["model.0", "model.1"]
+    received = models_of(records)
+    assert received[1] is None and received[0] is received[3]
+    assert torch.equal(received[0]["w"], shared["w"]) and torch.equal(received[2]["w"], own["w"])
+
+
+def test_a_node_holds_every_num_partitions_th_client_from_its_partition_id():
+    assert node_clients({"partition-id": 1, "num-partitions": 3}, 8) == [1, 4, 7]
+    with pytest.raises(ConfigError, match="partition-id=K num-partitions=P"):
+        node_clients({"partition-id": 0}, 8)
+    with pytest.raises(ConfigError, match="outside 0..2"):
+        node_clients({"partition-id": 3, "num-partitions": 3}, 8)
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"attack.kind": "sign_flip", "attack.fraction": 0.2}, "attack.kind=sign_flip is simulated in one process"),
+        ({"federation.unseen_clients": 2}, "federation.unseen_clients=2.0 is simulated"),
+        ({"privacy.level": "sample"}, "privacy.level=sample accounts"),
+        ({"federation.executor": "ray"}, "each SuperNode runs its own clients"),
+    ],
+)
+def test_what_only_a_simulation_has_is_refused(digits_config, keys, message):
+    with pytest.raises(ConfigError, match=message):
+        check_flower(digits_config(**keys))
+
+
+def test_the_server_sees_sample_counts_but_no_samples(digits_config, flower_identity):
+    cfg = digits_config()
+    data = FlowerClients(InProcessGrid(cfg, 2), 2).federated_data()
+    assert len(data.clients) == 5 and data.input_shape == (1, 8, 8) and data.num_classes == 10
+    assert all(c.num_train > 0 and c.x_train.device.type == "meta" for c in data.clients)
+    with pytest.raises(NotImplementedError):
+        data.clients[0].y_train.tolist()
+
+
+def test_nodes_that_hold_other_clients_than_0_to_n_are_refused(digits_config, flower_identity):
+    grid = InProcessGrid(digits_config(), 2)
+    grid.contexts[101] = grid.context(101, 0, 2)  # the clients of node 100
+    with pytest.raises(PlflError, match="client 0 is on SuperNodes 100 and 101"):
+        FlowerClients(grid, 2)
+    with pytest.raises(PlflError, match="2 of the 3 SuperNodes connected"):
+        FlowerClients(InProcessGrid(digits_config(), 2), 3, wait=0)
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedala"])
+def test_a_run_on_supernodes_gives_the_sequential_executors_metrics(digits_config, flower_identity, method):
+    cfg = digits_config(**{"method.name": method, "federation.rounds": 2})
+    sequential_dir, _ = run_experiment(cfg)
+    flower_dir, summary = run_experiment(cfg, remote=FlowerClients(InProcessGrid(cfg, 2), 2))
+    assert summary["status"] == "completed"
+    assert_same_metrics(flower_dir, sequential_dir)
+
+
+def test_a_node_that_fails_a_clients_training_leaves_it_out_of_the_round(digits_config, flower_identity):
+    cfg = digits_config(**{"federation.rounds": 1})
+    grid = InProcessGrid(cfg, 2)
+    send = grid.send_and_receive
+
+    def node_101_fails_training(messages, timeout=None):
+        replies = []
+        for m in messages:
+            if m.metadata.dst_node_id == 101 and m.metadata.message_type == "train":
+                replies.append(Message(error=Error(1, "the node's process was killed"), reply_to=m))
+            else:
+                replies.extend(send([m]))
+        return replies
+
+    grid.send_and_receive = node_101_fails_training
+    with pytest.warns(UserWarning, match="client 1 is left out"):
+        _, summary = run_experiment(cfg, remote=FlowerClients(grid, 2))
+    failures = summary["client_failures"]
+    assert sorted(f["client"] for f in failures) == [1, 3]
+    assert all(f["reason"] == "SuperNode 101: the node's process was killed" for f in failures)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", METHODS)
+def test_flowers_simulation_runtime_gives_the_sequential_executors_metrics(digits_config, method):
+    cfg = digits_config(**{"method.name": method, "federation.rounds": 3})
+    sequential_dir, _ = run_experiment(cfg)
+    outcome = run_simulation(cfg, 3, {"client_resources": {"num_cpus": 1}})
+    assert outcome["summary"]["status"] == "completed"
+    assert_same_metrics(outcome["run_dir"], sequential_dir)
+
+
+@pytest.mark.slow
+def test_plfl_flower_runs_a_config_file_on_supernodes(tmp_path, capsys):
+    config = tmp_path / "digits.yaml"
+    config.write_text("data: {source: digits, num_clients: 4}\nmodel: {name: mlp}\nfederation: {rounds: 1}\n")
+    status = main(["flower", "--config", str(config), "--nodes", "2", f"output_dir={tmp_path}", "progress_bar=false"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert "final" in out and "Run directory:" in out
+    assert (tmp_path / "fedavg-digits").is_dir()
+
+
+def test_flwr_runs_read_the_plfl_config_and_overrides_from_the_run_config(tmp_path):
+    config = tmp_path / "digits.yaml"
+    config.write_text("data: {source: digits, num_clients: 4}\nmodel: {name: mlp}\n")
+    context = Context(1, 0, {}, RecordDict(), {"config": str(config), "overrides": "federation.rounds=2 method=ditto"})
+    cfg = run_config(context)
+    assert (cfg.federation.rounds, cfg.method.name, cfg.data.num_clients) == (2, "ditto", 4)
+    with pytest.raises(ConfigError, match=r"\[tool.flwr.app.config\] config = "):
+        run_config(Context(1, 0, {}, RecordDict(), {}))
