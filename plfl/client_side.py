@@ -33,6 +33,12 @@ class Update:
     cut: bool = False  # system simulation: whether one of its training tasks was cut short
 
 
+@dataclass(frozen=True)
+class ClientUnreachable(ClientFailure):
+    """A client whose device did not answer (its SuperNode down, or too slow for the request's timeout): the loop
+    leaves it out of a round's training, broadcast or evaluation and goes on."""
+
+
 class ClientSide(Protocol):
     """Where the clients' hooks and tasks run (:class:`LocalClients`, or Flower's SuperNodes)."""
 
@@ -45,13 +51,14 @@ class ClientSide(Protocol):
 
     def initialise(self, round_: int, messages: dict[int, Optional[Params]]) -> dict[int, Optional[ClientFailure]]:
         """Every client in ``messages`` initialises its model from the server's message (``pre_local_init``);
-        a failure per client whose initialisation failed, else None."""
+        a failure per client whose initialisation failed (:class:`ClientUnreachable`: it did not answer), else
+        None."""
 
-    def evaluate(self, clients: Sequence[int], split: str) -> list[EvalResult]:
+    def evaluate(self, clients: Sequence[int], split: str) -> list[EvalResult | ClientUnreachable]:
         """Each client's own model on its ``split``: "test", "val", or "triggered" (its test images with the
         backdoor's trigger), predicting by the method's :meth:`~plfl.methods.base.Method.prediction`."""
 
-    def evaluate_models(self, clients: Sequence[int], models: Sequence[Params]) -> list[EvalResult]:
+    def evaluate_models(self, clients: Sequence[int], models: Sequence[Params]) -> list[EvalResult | ClientUnreachable]:
         """``models[k]`` (e.g. the global model) on client ``clients[k]``'s test split, by the architecture's
         forward pass."""
 

@@ -54,7 +54,7 @@ from typing import Any, Optional
 from plfl.activity import current as activity
 from plfl.attacks import Attack
 from plfl.callbacks.base import FederationCallback, RoundResult, RunInfo
-from plfl.client_side import ClientSide
+from plfl.client_side import ClientSide, ClientUnreachable
 from plfl.data.federated import ClientData
 from plfl.errors import FederationError, PlflError, PlflWarning
 from plfl.methods.base import FederationContext, Method, nbytes, numel
@@ -274,7 +274,7 @@ class FederationLoop:
         trains_next = set(
             sample_clients(self.federation.seed, round_ + 1, self.num_clients, self.federation.join_ratio)
         )
-        self.received = {}
+        self.received, lost = {}, {}
         for group in self._groups():
             messages = {}
             for client_id in group:
@@ -283,13 +283,18 @@ class FederationLoop:
                 if client_id in trains_next:
                     self.received[client_id] = message
             for client_id, failure in self.clients.initialise(round_, messages).items():
-                if failure is not None:
+                if isinstance(failure, ClientUnreachable):
+                    lost[client_id] = failure
+                elif failure is not None:
                     raise FederationError(
                         f"Round {round_}: client {client_id}'s local initialisation "
                         f"(pre_local_init) failed: {failure.reason}. Fix the cause (e.g. lower "
                         "federation.lr if training diverged) and continue with plfl fit --resume "
                         "RUN_DIR [federation.lr=...]."
                     )
+        if lost:  # their devices keep the model and the message they had before
+            warn_unreachable(round_, "sent the server's message", lost)
+            self.failures.extend({"round": round_, "client": c, "reason": f.reason} for c, f in lost.items())
         return {"params_sent": params, "bytes_sent": size}
 
     def _groups(self) -> list[range]:
@@ -308,13 +313,17 @@ class FederationLoop:
         :func:`~plfl.metrics.hurt_fraction`."""
         activity.start_phase("evaluation")
         validated = self.context.data.has_validation
-        results, val_results, triggered = {}, {}, []
+        results, val_results, triggered, unreachable = {}, {}, [], {}
         for group in self._groups():
             results.update(zip(group, self.clients.evaluate(group, "test")))
             if validated:
                 val_results.update(zip(group, self.clients.evaluate(group, "val")))
             if self.attack is not None and self.attack.config.kind == "backdoor":
                 triggered.extend(self.clients.evaluate(group, "triggered"))
+        for outcomes in (results, val_results):
+            unreachable.update({i: r for i, r in outcomes.items() if isinstance(r, ClientUnreachable)})
+        results = {i: r for i, r in results.items() if i not in unreachable}
+        val_results = {i: r for i, r in val_results.items() if i not in unreachable}
         sizes = {i: c.num_samples for i, c in enumerate(self.context.data.clients)}
         metrics = federation_metrics(results, sizes)
         if validated:
@@ -327,17 +336,25 @@ class FederationLoop:
         global_results = {}
         if global_model is not None:
             evaluated = self.clients.evaluate_models(list(results), [global_model] * len(results))
-            global_results = dict(zip(results, evaluated))
+            unreachable.update({i: r for i, r in zip(results, evaluated) if isinstance(r, ClientUnreachable)})
+            global_results = {i: r for i, r in zip(results, evaluated) if i not in unreachable}
             pooled = federation_metrics(global_results, sizes)
             metrics.update(
                 global_accuracy=pooled["accuracy"],
                 global_test_loss=pooled["test_loss"],
-                personalization_hurt_fraction=hurt_fraction(results, global_results),
+                personalization_hurt_fraction=hurt_fraction(
+                    {i: r for i, r in results.items() if i in global_results}, global_results
+                ),
             )
+        if unreachable:  # clients whose devices did not answer (plfl.flower): the others' metrics
+            metrics["unreachable_clients"] = len(unreachable)
+            warn_unreachable(round_, "evaluated", unreachable)
         if self.best is None or metrics["accuracy"] > self.best[0]:
             self.best = (metrics["accuracy"], round_)
         rows = []
         for i, r in results.items():
+            if i in unreachable:
+                continue
             row = client_result_row(round_, i, r)
             if validated:
                 v = val_results[i]
@@ -495,6 +512,12 @@ class FederationLoop:
         """Call ``hook`` of every callback with the run and ``args``."""
         for callback in self.callbacks:
             getattr(callback, hook)(self.run_info, *args)
+
+
+def warn_unreachable(round_: int, what: str, clients: dict[int, ClientUnreachable]) -> None:
+    """Warn that ``clients`` could not be ``what`` in ``round_``, each with its reason."""
+    reasons = "; ".join(f"client {c}: {f.reason}" for c, f in sorted(clients.items()))
+    warnings.warn(PlflWarning(f"Round {round_}: {len(clients)} clients could not be {what}: {reasons}."), stacklevel=3)
 
 
 def client_result_row(round_: int, client_id: int, result: EvalResult) -> dict[str, Any]:

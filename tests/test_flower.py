@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("flwr")
 
-from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from plfl.cli import main  # noqa: E402
@@ -132,26 +132,36 @@ def test_a_run_on_supernodes_gives_the_sequential_executors_metrics(digits_confi
     assert_same_metrics(flower_dir, sequential_dir)
 
 
-def test_a_node_that_fails_a_clients_training_leaves_it_out_of_the_round(digits_config, flower_identity):
-    cfg = digits_config(**{"federation.rounds": 1})
+def test_a_node_killed_mid_run_leaves_its_clients_out_and_the_run_goes_on(digits_config, flower_identity):
+    """Node 101 (clients 1 and 3) answers until round 2's training, then never again: its clients fail that
+    training under the failure policy, miss the broadcasts and drop out of the evaluations."""
+    cfg = digits_config(**{"federation.rounds": 3})
     grid = InProcessGrid(cfg, 2)
-    send = grid.send_and_receive
+    send, killed = grid.send_and_receive, []
 
-    def node_101_fails_training(messages, timeout=None):
+    def node_101_killed_in_round_2(messages, timeout=None):
         replies = []
         for m in messages:
-            if m.metadata.dst_node_id == 101 and m.metadata.message_type == "train":
-                replies.append(Message(error=Error(1, "the node's process was killed"), reply_to=m))
-            else:
-                replies.extend(send([m]))
+            request = m.content["config"] if "config" in m.content else {}
+            if m.metadata.dst_node_id == 101 and m.metadata.message_type == "train" and request["round"] == 2:
+                killed.append(True)
+            if m.metadata.dst_node_id == 101 and killed:
+                continue  # no reply: the server's wait times out
+            replies.extend(send([m]))
         return replies
 
-    grid.send_and_receive = node_101_fails_training
-    with pytest.warns(UserWarning, match="client 1 is left out"):
-        _, summary = run_experiment(cfg, remote=FlowerClients(grid, 2))
-    failures = summary["client_failures"]
-    assert sorted(f["client"] for f in failures) == [1, 3]
-    assert all(f["reason"] == "SuperNode 101: the node's process was killed" for f in failures)
+    grid.send_and_receive = node_101_killed_in_round_2
+    with pytest.warns(UserWarning, match="2 clients could not be evaluated: client 1: SuperNode 101: no reply in time"):
+        run_dir, summary = run_experiment(cfg, remote=FlowerClients(grid, 2))
+    assert summary["status"] == "completed" and summary["rounds"] == 3
+    failures = [(f["round"], f["client"]) for f in summary["client_failures"]]
+    assert failures == [(2, 1), (2, 3), (2, 1), (2, 3), (3, 1), (3, 3), (3, 1), (3, 3)]  # training, broadcast
+    rows = metrics(run_dir)
+    assert [r.get("unreachable_clients", "") for r in rows] == ["", "", "2", "2"]
+    assert [r["failed_clients"] for r in rows] == ["", "0", "2", "2"]
+    with (run_dir / "clients.csv").open() as f:
+        evaluated = [(int(r["round"]), int(r["client"])) for r in csv.DictReader(f)]
+    assert (3, 1) not in evaluated and (3, 0) in evaluated and (1, 1) in evaluated
 
 
 @pytest.mark.slow

@@ -6,7 +6,9 @@ from that a :class:`~plfl.data.FederatedData` whose tensors have shapes but no v
 device): the loop and the method's server side see each client's sample counts, and reading a sample raises.
 Each phase of a round then sends one message per node with its clients' part: ``query.initialise`` (the
 broadcast), ``train``, ``evaluate`` (the clients' own models) and ``evaluate.models`` (given models). A node that
-does not answer, or answers with an error, fails its clients' work with that reason.
+does not answer in time, or answers with an error (its ClientApp raised, or Flower lost it), leaves its clients
+unreachable (:class:`~plfl.client_side.ClientUnreachable`) with that reason; a failure a node reports for a client
+(its training diverged) is that client's :class:`~plfl.tasks.ClientFailure`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
 
-from plfl.client_side import Update
+from plfl.client_side import ClientUnreachable, Update
 from plfl.data import FederatedData
 from plfl.data.federated import ClientData
 from plfl.errors import PlflError
@@ -111,22 +113,23 @@ class FlowerClients:
         replies = self._per_node(list(messages), {"round": round_}, "query.initialise", messages)
         return {c: r if isinstance(r, ClientFailure) else None for c, r in replies.items()}
 
-    def evaluate(self, clients: Sequence[int], split: str) -> list[EvalResult]:
+    def evaluate(self, clients: Sequence[int], split: str) -> list[EvalResult | ClientUnreachable]:
         return self._evaluations(self._per_node(list(clients), {"round": -1, "split": split}, "evaluate"), clients)
 
-    def evaluate_models(self, clients: Sequence[int], models: Sequence[Params]) -> list[EvalResult]:
+    def evaluate_models(self, clients: Sequence[int], models: Sequence[Params]) -> list[EvalResult | ClientUnreachable]:
         replies = self._per_node(list(clients), {"round": -1}, "evaluate.models", dict(zip(clients, models)))
         return self._evaluations(replies, clients)
 
     def fine_tune(self, round_: int, clients: Sequence[int], model: Params, epochs: int) -> list[Params]:
         raise PlflError("a Flower run has no unseen clients: they are simulated in one process (plfl fit)")
 
-    def _evaluations(self, replies: dict[int, Any], clients: Sequence[int]) -> list[EvalResult]:
-        results = []
+    def _evaluations(self, replies: dict[int, Any], clients: Sequence[int]) -> list[EvalResult | ClientUnreachable]:
+        results: list[EvalResult | ClientUnreachable] = []
         for client in clients:
             row = replies[client]
-            if isinstance(row, ClientFailure):
-                raise PlflError(f"client {client} could not be evaluated: {row.reason}")
+            if isinstance(row, ClientFailure):  # a node reports no evaluation failures: it did not answer
+                results.append(ClientUnreachable(row.reason))
+                continue
             values = row[1]
             results.append(EvalResult(values["correct"], values["total"], values["loss"]))
         return results
@@ -152,7 +155,7 @@ class FlowerClients:
         for node, own in by_node.items():
             reply = replies[node]
             if isinstance(reply, str):
-                rows.update({c: ClientFailure(f"SuperNode {node}: {reply}") for c in own})
+                rows.update({c: ClientUnreachable(f"SuperNode {node}: {reply}") for c in own})
                 continue
             content, table = reply
             keys = [k for k in table if k not in ("clients", "failed", "reasons")]
@@ -161,7 +164,7 @@ class FlowerClients:
             for client, reason in zip(table["failed"], table["reasons"]):
                 rows[client] = ClientFailure(reason)
             for client in own:
-                rows.setdefault(client, ClientFailure(f"SuperNode {node} did not report client {client}"))
+                rows.setdefault(client, ClientUnreachable(f"SuperNode {node} did not report client {client}"))
         return rows
 
     def _send(self, requests: dict[int, RecordDict], kind: str) -> dict[int, Any]:
