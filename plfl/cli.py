@@ -3,7 +3,8 @@
 ``plfl reproduce SUITE [--cells PATTERN] [--rounds N] [--seeds K] [--parallel N] [key=value ...]``,
 ``plfl reproduce --list``, ``plfl report RUN_DIR... [-o report.html]``, ``plfl invert --config X.yaml --client C
 --round R [--batch-size B] [--attack dlg|idlg] [--iterations N] [--restarts K] [key=value ...]``,
-``plfl methods [NAME]``, ``plfl flower --config X.yaml [--nodes N] [key=value ...]``,
+``plfl methods [NAME]``, ``plfl flower run --config X.yaml [--nodes N] [key=value ...]``,
+``plfl flower split --config X.yaml --nodes N --output DIR [key=value ...]``,
 ``plfl --version``.
 
 Only what a command needs is imported: Lightning, W&B and the data readers only when training, so that config
@@ -145,17 +146,23 @@ def build_parser() -> argparse.ArgumentParser:
     invert.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
     )
-    flower = commands.add_parser(
-        "flower", help="run a config as a Flower app in Flower's simulation runtime (needs pip install -e '.[flower]')"
+    flower = commands.add_parser("flower", help="a config as a Flower app: in Flower's simulation runtime, or split")
+    actions = flower.add_subparsers(dest="action", required=True)
+    run = actions.add_parser(
+        "run", help="run a config in Flower's simulation runtime (needs Flower: pip install -e '.[flower]')"
     )
-    flower.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
-    flower.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. method=fedala")
-    flower.add_argument(
+    split = actions.add_parser("split", help="write each SuperNode's own clients' data files (data-dir=node-K)")
+    for action in (run, split):
+        action.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
+        action.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. method=fedala")
+        action.add_argument(
+            "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
+        )
+    run.add_argument(
         "--nodes", type=int, default=2, metavar="N", help="SuperNodes; node K holds clients K, K + N, ... (default 2)"
     )
-    flower.add_argument(
-        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
-    )
+    split.add_argument("--nodes", type=int, required=True, metavar="N", help="SuperNodes; node K gets K, K + N, ...")
+    split.add_argument("--output", "-o", type=Path, required=True, metavar="DIR", help="writes DIR/node-K/ for each")
     methods = commands.add_parser("methods", help="list the methods (method.name) with their keys and defaults")
     methods.add_argument("names", nargs="*", metavar="NAME", help="only these methods (default: all)")
     methods.add_argument(
@@ -221,6 +228,17 @@ def flower(args: argparse.Namespace) -> None:
 
     cfg = load_config(args.config, args.overrides)
     check_torch_builds()
+    if args.action == "split":
+        from plfl.data import load_federated_data
+        from plfl.flower.node_data import write_node_data
+
+        config = OmegaConf.to_object(cfg)
+        data = load_federated_data(config.data, config.federation.seed)
+        if not 1 <= args.nodes <= len(data.clients):
+            raise PlflError(f"--nodes {args.nodes}: each node holds one of the {len(data.clients)} clients at least")
+        for directory in write_node_data(data, args.nodes, args.output):
+            print(f'{directory}: start its SuperNode with --node-config "data-dir={directory.resolve()}"')
+        return
     try:
         from plfl.flower.app import run_simulation
     except ImportError as missing:

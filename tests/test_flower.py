@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 import itertools
 
+import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 pytest.importorskip("flwr")
 
@@ -16,10 +18,12 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from plfl.cli import main  # noqa: E402
-from plfl.errors import ConfigError, PlflError  # noqa: E402
+from plfl.data import load_federated_data  # noqa: E402
+from plfl.errors import ConfigError, DataError, PlflError  # noqa: E402
 from plfl.experiment import run_experiment  # noqa: E402
 from plfl.flower.app import check_flower, client_app, run_config, run_simulation  # noqa: E402
 from plfl.flower.node import node_clients  # noqa: E402
+from plfl.flower.node_data import ARRAYS, read_node_data, write_node_data  # noqa: E402
 from plfl.flower.records import models_of, with_models  # noqa: E402
 from plfl.flower.server import FlowerClients  # noqa: E402
 
@@ -34,10 +38,12 @@ class InProcessGrid:
 
     runs = itertools.count(1)
 
-    def __init__(self, cfg, nodes: int):
+    def __init__(self, cfg, nodes: int, data_dirs=None):
         self.app = client_app(cfg)
         self.run_id = next(self.runs)
         self.contexts = {100 + k: self.context(100 + k, k, nodes) for k in range(nodes)}
+        for k, directory in enumerate(data_dirs or []):
+            self.contexts[100 + k] = Context(self.run_id, 100 + k, {"data-dir": str(directory)}, RecordDict(), {})
 
     def context(self, node: int, partition: int, partitions: int) -> Context:
         return Context(self.run_id, node, {"partition-id": partition, "num-partitions": partitions}, RecordDict(), {})
@@ -132,6 +138,31 @@ def test_a_run_on_supernodes_gives_the_sequential_executors_metrics(digits_confi
     assert_same_metrics(flower_dir, sequential_dir)
 
 
+def test_nodes_that_read_only_their_own_clients_files_give_the_sequential_executors_metrics(
+    digits_config, flower_identity, tmp_path
+):
+    cfg = digits_config(**{"method.name": "ditto", "federation.rounds": 2})
+    directories = write_node_data(load_federated_data(OmegaConf.to_object(cfg).data, 0), 2, tmp_path / "nodes")
+    assert sorted(f.name for f in directories[1].iterdir()) == ["client-1.npz", "client-3.npz", "federation.json"]
+    sequential_dir, _ = run_experiment(cfg)
+    flower_dir, _ = run_experiment(cfg, remote=FlowerClients(InProcessGrid(cfg, 2, directories), 2))
+    assert_same_metrics(flower_dir, sequential_dir)
+
+
+def test_a_nodes_corrupt_or_pickled_client_file_is_refused_naming_it(digits_config, tmp_path):
+    cfg = digits_config()
+    (node,) = write_node_data(load_federated_data(OmegaConf.to_object(cfg).data, 0), 1, tmp_path)
+    np.savez(node / "client-2.npz", x_train=np.array([object()]))
+    with pytest.raises(DataError, match="client-2.npz cannot be read as a client's data .*plfl flower split"):
+        read_node_data(node)
+    (node / "client-2.npz").write_bytes(b"not a zip")
+    with pytest.raises(DataError, match="client-2.npz cannot be read"):
+        read_node_data(node)
+    np.savez(node / "client-2.npz", **{k: np.zeros((2, 3), np.float32) for k in ARRAYS})
+    with pytest.raises(DataError, match=r"client-2.npz: x_train is torch.float32 \(2, 3\)"):
+        read_node_data(node)
+
+
 def test_a_node_killed_mid_run_leaves_its_clients_out_and_the_run_goes_on(digits_config, flower_identity):
     """Node 101 (clients 1 and 3) answers until round 2's training, then never again: its clients fail that
     training under the failure policy, miss the broadcasts and drop out of the evaluations."""
@@ -178,7 +209,8 @@ def test_flowers_simulation_runtime_gives_the_sequential_executors_metrics(digit
 def test_plfl_flower_runs_a_config_file_on_supernodes(tmp_path, capsys):
     config = tmp_path / "digits.yaml"
     config.write_text("data: {source: digits, num_clients: 4}\nmodel: {name: mlp}\nfederation: {rounds: 1}\n")
-    status = main(["flower", "--config", str(config), "--nodes", "2", f"output_dir={tmp_path}", "progress_bar=false"])
+    args = ["flower", "run", "--config", str(config), "--nodes", "2", f"output_dir={tmp_path}", "progress_bar=false"]
+    status = main(args)
     out = capsys.readouterr().out
     assert status == 0, out
     assert "final" in out and "Run directory:" in out
@@ -193,3 +225,15 @@ def test_flwr_runs_read_the_plfl_config_and_overrides_from_the_run_config(tmp_pa
     assert (cfg.federation.rounds, cfg.method.name, cfg.data.num_clients) == (2, "ditto", 4)
     with pytest.raises(ConfigError, match=r"\[tool.flwr.app.config\] config = "):
         run_config(Context(1, 0, {}, RecordDict(), {}))
+
+
+def test_plfl_flower_split_writes_each_nodes_clients_and_says_how_to_start_it(tmp_path, capsys):
+    config = tmp_path / "digits.yaml"
+    config.write_text("data: {source: digits, num_clients: 5}\nmodel: {name: mlp}\n")
+    assert main(["flower", "split", "--config", str(config), "--nodes", "2", "--output", str(tmp_path / "n")]) == 0
+    out = capsys.readouterr().out
+    assert f'--node-config "data-dir={tmp_path / "n" / "node-0"}"' in out
+    data, clients = read_node_data(tmp_path / "n" / "node-0")
+    assert clients == [0, 2, 4] and data.clients[1].num_train == 0 and data.clients[2].num_train > 0
+    assert main(["flower", "split", "--config", str(config), "--nodes", "6", "--output", str(tmp_path)]) == 2
+    assert "--nodes 6: each node holds one of the 5 clients at least" in capsys.readouterr().err

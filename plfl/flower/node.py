@@ -1,10 +1,11 @@
 """A SuperNode's side: its clients' hooks and tasks on its own data, their state kept on the node.
 
-A node holds the clients ``partition-id, partition-id + num-partitions, ...`` of the federation (its
-``node_config``, as Flower's simulation runtime sets it and ``flower-supernode --node-config`` does), loads their
-data from the config's ``data`` section on its own machine (never from the server) and answers the server's
-requests with a :class:`~plfl.client_side.LocalClients` of its own: the method's client hooks over a store of its
-clients' state. That state and the messages its clients received last persist in the node's Flower context
+A node's data is its own, never the server's: with ``data-dir`` in its ``node_config`` (``flower-supernode
+--node-config "data-dir=PATH"``), the files ``plfl flower split`` wrote for it (:mod:`plfl.flower.node_data`);
+otherwise the clients ``partition-id, partition-id + num-partitions, ...`` of the config's ``data`` section, loaded on
+its own machine (Flower's simulation runtime sets both keys). It answers the server's requests with a
+:class:`~plfl.client_side.LocalClients` of its own: the method's client hooks over a store of its clients' state.
+That state and the messages its clients received last persist in the node's Flower context
 (``context.state``) between requests.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from pathlib import Path
 from typing import Any, Optional
 
 import lightning as L
@@ -25,6 +27,7 @@ from plfl.data import FederatedData, load_federated_data
 from plfl.data.federated import ClientData
 from plfl.errors import ConfigError
 from plfl.executors import build_executor
+from plfl.flower.node_data import read_node_data
 from plfl.flower.records import CONFIG, config_of, models_of
 from plfl.methods import build_method, method_class
 from plfl.methods.base import FederationContext
@@ -39,14 +42,16 @@ def node_clients(node_config: dict[str, Any], num_clients: int) -> list[int]:
     """The clients a node holds: ``partition-id`` + k · ``num-partitions`` for k = 0, 1, ... below ``num_clients``.
 
     Raises:
-        ConfigError: the node config lacks the keys, or ``partition-id`` is outside 0..num-partitions − 1.
+        ConfigError: the node config lacks the keys (and has no ``data-dir``), or ``partition-id`` is outside
+            0..num-partitions − 1.
     """
     try:
         partition, partitions = int(node_config["partition-id"]), int(node_config["num-partitions"])
     except KeyError as missing:
         raise ConfigError(
             f"A plfl SuperNode needs {missing} in its node config: start it with "
-            '--node-config "partition-id=K num-partitions=P" (its clients: K, K + P, ...).'
+            '--node-config "partition-id=K num-partitions=P" (its clients: K, K + P, ...), or with '
+            '--node-config "data-dir=PATH" (the files plfl flower split wrote for it).'
         ) from None
     if not 0 <= partition < partitions:
         raise ConfigError(f"partition-id={partition} is outside 0..{partitions - 1} (num-partitions={partitions}).")
@@ -73,9 +78,12 @@ class Node:
     def __init__(self, cfg: DictConfig, node_config: dict[str, Any]):
         config: ExperimentConfig = OmegaConf.to_object(cfg)
         L.seed_everything(config.federation.seed, verbose=False)  # the initial model the server draws too
-        data = load_federated_data(config.data, config.federation.seed)
-        self.clients = node_clients(node_config, len(data.clients))
-        data = only(data, self.clients)
+        if "data-dir" in node_config:
+            data, self.clients = read_node_data(Path(str(node_config["data-dir"])))
+        else:
+            data = load_federated_data(config.data, config.federation.seed)
+            self.clients = node_clients(node_config, len(data.clients))
+            data = only(data, self.clients)
         model = models()[config.model.name].of(config.model).build(data.input_shape, data.num_classes, data.vocab_size)
         model = method_class(config.method.name).client_network(model)
         initial_params = {k: v.detach().clone() for k, v in model.state_dict().items()}
