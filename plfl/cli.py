@@ -3,7 +3,8 @@
 ``plfl reproduce SUITE [--cells PATTERN] [--rounds N] [--seeds K] [--parallel N] [key=value ...]``,
 ``plfl reproduce --list``, ``plfl report RUN_DIR... [-o report.html]``, ``plfl invert --config X.yaml --client C
 --round R [--batch-size B] [--attack dlg|idlg] [--iterations N] [--restarts K] [key=value ...]``,
-``plfl methods [NAME]``, ``plfl flower run --config X.yaml [--nodes N] [key=value ...]``,
+``plfl methods [NAME]``, ``plfl flower run --config X.yaml [--nodes N] [key=value ...]``, ``plfl flower run --resume
+RUN_DIR --nodes N``,
 ``plfl flower split --config X.yaml --nodes N --output DIR [key=value ...]``,
 ``plfl --version``.
 
@@ -152,8 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a config in Flower's simulation runtime (needs Flower: pip install -e '.[flower]')"
     )
     split = actions.add_parser("split", help="write each SuperNode's own clients' data files (data-dir=node-K)")
+    run.add_argument("--config", "-c", help="YAML config file (see configs/)")
+    run.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR", help="continue a plfl flower run from its newest checkpoint"
+    )
+    split.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
     for action in (run, split):
-        action.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
         action.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. method=fedala")
         action.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
@@ -224,9 +229,12 @@ def fit(args: argparse.Namespace) -> None:
 
 
 def flower(args: argparse.Namespace) -> None:
-    from plfl.config import load_config
+    from plfl.config import load_config, resume_config
 
-    cfg = load_config(args.config, args.overrides)
+    if args.action == "run" and bool(args.config) == bool(args.resume):
+        raise PlflError("plfl flower run needs --config FILE or --resume RUN_DIR (one of them).")
+    resume = args.resume if args.action == "run" else None
+    cfg = resume_config(resume, args.overrides) if resume else load_config(args.config, args.overrides)
     check_torch_builds()
     if args.action == "split":
         from plfl.data import load_federated_data
@@ -243,7 +251,7 @@ def flower(args: argparse.Namespace) -> None:
         from plfl.flower.app import run_simulation
     except ImportError as missing:
         raise PlflError(f"plfl flower needs Flower ({missing}): pip install -e '.[flower]'") from None
-    outcome = run_simulation(cfg, args.nodes, {"client_resources": {"num_cpus": 1}})
+    outcome = run_simulation(cfg, args.nodes, {"client_resources": {"num_cpus": 1}}, resume)
     print_summary(outcome["run_dir"], outcome["summary"])
 
 

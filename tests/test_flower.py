@@ -18,6 +18,7 @@ from flwr.app import Context, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from plfl.cli import main  # noqa: E402
+from plfl.config import resume_config  # noqa: E402
 from plfl.data import load_federated_data  # noqa: E402
 from plfl.errors import ConfigError, DataError, PlflError  # noqa: E402
 from plfl.experiment import run_experiment  # noqa: E402
@@ -38,8 +39,8 @@ class InProcessGrid:
 
     runs = itertools.count(1)
 
-    def __init__(self, cfg, nodes: int, data_dirs=None):
-        self.app = client_app(cfg)
+    def __init__(self, cfg, nodes: int, data_dirs=None, state_root=None):
+        self.app = client_app(cfg, state_root)
         self.run_id = next(self.runs)
         self.contexts = {100 + k: self.context(100 + k, k, nodes) for k in range(nodes)}
         for k, directory in enumerate(data_dirs or []):
@@ -163,6 +164,24 @@ def test_a_nodes_corrupt_or_pickled_client_file_is_refused_naming_it(digits_conf
         read_node_data(node)
 
 
+def test_a_run_on_supernodes_resumes_from_the_servers_checkpoint_and_the_nodes_state(
+    digits_config, flower_identity, tmp_path
+):
+    """Stopped after round 2 (the server's checkpoint, each node's state of round 2), resumed on fresh node
+    processes that read their state directories, a run ends as an uninterrupted one does."""
+    cfg = digits_config(**{"method.name": "fedala", "federation.rounds": 4})
+    sequential_dir, _ = run_experiment(cfg)
+    two = digits_config(**{"method.name": "fedala", "federation.rounds": 2})
+    run_dir, _ = run_experiment(two, remote=FlowerClients(InProcessGrid(two, 2, state_root=tmp_path / "nodes"), 2))
+    assert sorted(p.name for p in (tmp_path / "nodes" / "node-1").iterdir()) == ["round-00001.pt", "round-00002.pt"]
+    resumed = resume_config(run_dir, ["federation.rounds=4"])
+    grid = InProcessGrid(resumed, 2, state_root=tmp_path / "nodes")  # a new Flower run: empty node contexts
+    run_experiment(resumed, run_dir, remote=FlowerClients(grid, 2, resume=2))
+    assert_same_metrics(run_dir, sequential_dir)
+    with pytest.raises(PlflError, match="cannot resume round 2: .* has no state-dir"):
+        FlowerClients(InProcessGrid(resumed, 2), 2, resume=2)
+
+
 def test_a_node_killed_mid_run_leaves_its_clients_out_and_the_run_goes_on(digits_config, flower_identity):
     """Node 101 (clients 1 and 3) answers until round 2's training, then never again: its clients fail that
     training under the failure policy, miss the broadcasts and drop out of the evaluations."""
@@ -221,8 +240,8 @@ def test_flwr_runs_read_the_plfl_config_and_overrides_from_the_run_config(tmp_pa
     config = tmp_path / "digits.yaml"
     config.write_text("data: {source: digits, num_clients: 4}\nmodel: {name: mlp}\n")
     context = Context(1, 0, {}, RecordDict(), {"config": str(config), "overrides": "federation.rounds=2 method=ditto"})
-    cfg = run_config(context)
-    assert (cfg.federation.rounds, cfg.method.name, cfg.data.num_clients) == (2, "ditto", 4)
+    cfg, resume = run_config(context)
+    assert (cfg.federation.rounds, cfg.method.name, cfg.data.num_clients, resume) == (2, "ditto", 4, None)
     with pytest.raises(ConfigError, match=r"\[tool.flwr.app.config\] config = "):
         run_config(Context(1, 0, {}, RecordDict(), {}))
 

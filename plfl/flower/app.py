@@ -3,8 +3,9 @@ ClientApp that answers for its SuperNode's clients (:mod:`plfl.flower.node`).
 
 :func:`server_app` and :func:`client_app` build the two for a config; ``flwr run`` loads the module-level
 ``server`` and ``client``, which read theirs from the Flower run config: ``config`` (a plfl YAML path), ``nodes``
-(the SuperNodes to wait for) and optionally ``overrides`` (``key=value`` pairs separated by spaces). The server
-writes the run directory as ``plfl fit`` does; the nodes write nothing.
+(the SuperNodes to wait for) and optionally ``overrides`` (``key=value`` pairs separated by spaces), ``resume`` (a
+run directory to continue) and ``timeout`` (seconds to wait for a request's replies). The server writes the run
+directory as ``plfl fit`` does; a node writes only its clients' state, with a state directory.
 
 What a Flower run refuses (:func:`check_flower`) is what only a simulation has: unseen clients, simulated client
 systems, poisoned clients, sample-level DP (its accountant runs on the server), and the Ray executor (a node runs
@@ -14,6 +15,7 @@ its clients itself, on the sequential or vectorized executor).
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any, Optional
 
 from flwr.app import Context, Message
@@ -21,10 +23,11 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig, OmegaConf
 
-from plfl.config import ExperimentConfig, load_config
+from plfl.checkpoint import load_latest_checkpoint
+from plfl.config import ExperimentConfig, load_config, resume_config
 from plfl.cpus import use_torch_threads
 from plfl.errors import ConfigError
-from plfl.experiment import run_experiment
+from plfl.experiment import new_run_dir, run_experiment
 from plfl.flower.node import Node
 from plfl.flower.server import FlowerClients
 
@@ -63,33 +66,51 @@ def check_flower(cfg: DictConfig) -> None:
         )
 
 
-def run_config(context: Context) -> DictConfig:
-    """The plfl config a ``flwr run`` names: ``config`` (YAML path) with ``overrides``."""
+def run_config(context: Context) -> tuple[DictConfig, Optional[Path]]:
+    """The plfl config a ``flwr run`` names, and the run directory it resumes (None: a new run): ``resume`` (a run
+    directory: its config.yaml) or ``config`` (a YAML path), with ``overrides``.
+
+    Raises:
+        ConfigError: neither key, or what :func:`plfl.config.load_config` (:func:`~plfl.config.resume_config`)
+            raises.
+    """
     values = context.run_config
+    overrides = shlex.split(str(values.get("overrides", "")))
+    if values.get("resume"):
+        return resume_config(Path(str(values["resume"])), overrides), Path(str(values["resume"]))
     if "config" not in values:
         raise ConfigError(
             "The Flower run config has no 'config': set it to a plfl YAML in the app's pyproject.toml "
             "([tool.flwr.app.config] config = 'configs/fedavg.yaml') or flwr run --run-config \"config='...'\"."
         )
-    return load_config(str(values["config"]), shlex.split(str(values.get("overrides", ""))))
+    return load_config(str(values["config"]), overrides), None
 
 
 def server_app(
-    cfg: Optional[DictConfig] = None, nodes: Optional[int] = None, outcome: Optional[dict] = None
+    cfg: Optional[DictConfig] = None,
+    nodes: Optional[int] = None,
+    run_dir: Optional[Path] = None,
+    resume: Optional[Path] = None,
+    outcome: Optional[dict] = None,
 ) -> ServerApp:
-    """The ServerApp of ``cfg`` over ``nodes`` SuperNodes (None: the run config's); the run's directory and
-    summary (or the error that ended it) go into ``outcome``."""
+    """The ServerApp of ``cfg`` over ``nodes`` SuperNodes, writing the new ``run_dir`` or continuing ``resume`` (None:
+    the Flower run config's ``config``, ``nodes``, ``resume`` and ``timeout``, the seconds to wait for a request's
+    replies); the run's directory and summary (or the error that ended it) go into ``outcome``."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         try:
-            config = cfg if cfg is not None else run_config(context)
+            values = context.run_config
+            config, resumed = (cfg, resume) if cfg is not None else run_config(context)
             check_flower(config)
-            clients = FlowerClients(grid, nodes if nodes is not None else int(context.run_config["nodes"]))
-            run_dir, summary = run_experiment(config, remote=clients)
+            round_ = load_latest_checkpoint(resumed / "checkpoints")[1]["round"] if resumed else None
+            timeout = float(values["timeout"]) if values.get("timeout") else None
+            num_nodes = nodes if nodes is not None else int(values["nodes"])
+            clients = FlowerClients(grid, num_nodes, timeout, resume=round_)
+            directory, summary = run_experiment(config, resumed, run_dir, remote=clients)
             if outcome is not None:
-                outcome.update(run_dir=run_dir, summary=summary)
+                outcome.update(run_dir=directory, summary=summary)
         except BaseException as error:
             if outcome is None:
                 raise
@@ -101,16 +122,17 @@ def server_app(
 _nodes: dict[tuple[int, int], Node] = {}  # (run, node) → its clients, built at the node's first request
 
 
-def client_app(cfg: Optional[DictConfig] = None) -> ClientApp:
-    """The ClientApp of ``cfg`` (None: the run config's)."""
+def client_app(cfg: Optional[DictConfig] = None, state_root: Optional[Path] = None) -> ClientApp:
+    """The ClientApp of ``cfg`` (None: the run config's); a node without ``state-dir`` in its node config keeps its
+    clients' state in ``state_root``/node-``partition-id`` (None: in its Flower context only)."""
     app = ClientApp()
 
     def handle(message: Message, context: Context) -> Message:
         key = (context.run_id, context.node_id)
         if key not in _nodes:
-            config = cfg if cfg is not None else run_config(context)
+            config = cfg if cfg is not None else run_config(context)[0]
             use_torch_threads(config.federation.threads)
-            _nodes[key] = Node(config, dict(context.node_config))
+            _nodes[key] = Node(config, dict(context.node_config), state_root)
         return _nodes[key].handle(message, context)
 
     requests = (app.query("describe"), app.query("initialise"), app.train(), app.evaluate(), app.evaluate("models"))
@@ -123,9 +145,13 @@ server = server_app()
 client = client_app()
 
 
-def run_simulation(cfg: DictConfig, nodes: int, backend: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def run_simulation(
+    cfg: DictConfig, nodes: int, backend: Optional[dict[str, Any]] = None, resume: Optional[Path] = None
+) -> dict[str, Any]:
     """Run ``cfg`` in Flower's simulation runtime over ``nodes`` SuperNodes (``backend``: its backend config, e.g.
-    ``{"client_resources": {"num_cpus": 1}}``). Returns ``run_dir`` and ``summary``.
+    ``{"client_resources": {"num_cpus": 1}}``), or continue the run in ``resume`` from its newest checkpoint (with
+    ``cfg`` from :func:`plfl.config.resume_config`). The simulated nodes keep their clients' state in the run
+    directory's ``node-state/node-K``. Returns ``run_dir`` and ``summary``.
 
     Raises:
         ConfigError: what :func:`check_flower` refuses.
@@ -134,8 +160,10 @@ def run_simulation(cfg: DictConfig, nodes: int, backend: Optional[dict[str, Any]
     from flwr.simulation import run_simulation as flower_simulation
 
     check_flower(cfg)
+    run_dir = resume or new_run_dir(Path(cfg.output_dir) / cfg.name)
     outcome: dict[str, Any] = {}
-    flower_simulation(server_app(cfg, nodes, outcome), client_app(cfg), nodes, backend_config=backend)
+    server_side = server_app(cfg, nodes, None if resume else run_dir, resume, outcome)
+    flower_simulation(server_side, client_app(cfg, run_dir / "node-state"), nodes, backend_config=backend)
     if "error" in outcome:
         raise outcome["error"]
     return outcome

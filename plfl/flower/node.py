@@ -6,7 +6,9 @@ otherwise the clients ``partition-id, partition-id + num-partitions, ...`` of th
 its own machine (Flower's simulation runtime sets both keys). It answers the server's requests with a
 :class:`~plfl.client_side.LocalClients` of its own: the method's client hooks over a store of its clients' state.
 That state and the messages its clients received last persist in the node's Flower context
-(``context.state``) between requests.
+(``context.state``) between requests and, with a state directory (``state-dir`` in the node config), on the node's
+disk after each broadcast (``round-R.pt``, the last two kept), so that a run resumed from the server's checkpoint of
+round R continues from the nodes' state of round R.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from omegaconf import DictConfig, OmegaConf
 
+from plfl.checkpoint import checkpoint_path, read_checkpoint, save_checkpoint
 from plfl.client_side import LocalClients
 from plfl.config import ExperimentConfig
 from plfl.data import FederatedData, load_federated_data
 from plfl.data.federated import ClientData
-from plfl.errors import ConfigError
+from plfl.errors import ConfigError, PlflError
 from plfl.executors import build_executor
 from plfl.flower.node_data import read_node_data
 from plfl.flower.records import CONFIG, config_of, models_of
@@ -69,13 +72,14 @@ def only(data: FederatedData, clients: list[int]) -> FederatedData:
 
 
 class Node:
-    """The clients of one SuperNode under the run's config ``cfg`` (validated), from ``node_config``.
+    """The clients of one SuperNode under the run's config ``cfg`` (validated), from ``node_config``; its state
+    directory is ``state-dir`` there, else ``state_root``/node-``partition-id`` (None: no state on disk).
 
     Raises:
         ConfigError, DataError: as :func:`plfl.experiment.run_experiment` for the same config.
     """
 
-    def __init__(self, cfg: DictConfig, node_config: dict[str, Any]):
+    def __init__(self, cfg: DictConfig, node_config: dict[str, Any], state_root: Optional[Path] = None):
         config: ExperimentConfig = OmegaConf.to_object(cfg)
         L.seed_everything(config.federation.seed, verbose=False)  # the initial model the server draws too
         if "data-dir" in node_config:
@@ -94,6 +98,11 @@ class Node:
         self.local = LocalClients(method, self.store, executor)
         self.data = data
         self.received: dict[int, Optional[Params]] = {}  # each client's message of the last broadcast
+        self.state_dir: Optional[Path] = None
+        if "state-dir" in node_config:
+            self.state_dir = Path(str(node_config["state-dir"]))
+        elif state_root is not None:
+            self.state_dir = state_root / f"node-{node_config['partition-id']}"
 
     def describe(self) -> ConfigRecord:
         """The node's clients and their split sizes, and what the server needs of the data's shape."""
@@ -116,6 +125,9 @@ class Node:
         ``context.state``."""
         kind = message.metadata.message_type
         if kind == "query.describe":
+            resume = int(config_of(message.content)["resume"])
+            if resume >= 0:
+                self._restore(resume, context)
             return Message(RecordDict({CONFIG: self.describe()}), reply_to=message)
         self._load(context)
         request = config_of(message.content)
@@ -126,6 +138,8 @@ class Node:
             messages = dict(zip(clients, models_of(message.content)))
             failures = self.local.initialise(round_, messages)
             self.received.update(messages)
+            if self.state_dir is not None:
+                save_checkpoint(self.state_dir, round_, self._state(), keep=2)
             done = {c: {} for c, f in failures.items() if f is None}
             failed = {c: f for c, f in failures.items() if f is not None}
         elif kind == "train":
@@ -165,10 +179,32 @@ class Node:
         self.store.load_state_dict(state["store"])
         self.received = state["received"]
 
+    def _state(self) -> dict[str, Any]:
+        return {"store": self.store.state_dict(), "received": self.received}
+
     def _save(self, context: Context) -> None:
         buffer = io.BytesIO()
-        torch.save({"store": self.store.state_dict(), "received": self.received}, buffer)
+        torch.save(self._state(), buffer)
         context.state[STATE] = ConfigRecord({"state": buffer.getvalue()})
+
+    def _restore(self, round_: int, context: Context) -> None:
+        """The clients' state of the broadcast of ``round_``, from the state directory, into ``context``.
+
+        Raises:
+            PlflError: no state directory, or no intact state of that round in it.
+        """
+        path = None if self.state_dir is None else checkpoint_path(self.state_dir, round_)
+        if path is None or not path.is_file():
+            raise PlflError(
+                f"this SuperNode cannot resume round {round_}: "
+                + ("it has no state-dir in its node config" if path is None else f"{path} does not exist")
+                + ". Its clients' state is needed to continue; start the run anew, or restart the node with the "
+                "state-dir it had."
+            )
+        state = read_checkpoint(path)
+        self.store.load_state_dict(state["store"])
+        self.received = state["received"]
+        self._save(context)
 
 
 def evaluated(clients: list[int], results: list[EvalResult]) -> dict[int, dict[str, Any]]:

@@ -31,14 +31,23 @@ from plfl.tasks import ClientFailure, EvalResult, TrainResult
 
 
 class FlowerClients:
-    """The clients of the SuperNodes connected to ``grid``, for a run over ``num_nodes`` of them.
+    """The clients of the SuperNodes connected to ``grid``, for a run over ``num_nodes`` of them; ``timeout``: the
+    seconds to wait for a request's replies (None: until every node answered); ``resume``: the round whose state
+    the nodes restore (a run resumed from the server's checkpoint of that round).
 
     Raises:
-        PlflError: fewer than ``num_nodes`` nodes connected within ``wait`` seconds, or their clients are not
-            0..N−1 once each.
+        PlflError: fewer than ``num_nodes`` nodes connected within ``wait`` seconds, a node could not describe its
+            clients (or restore ``resume``'s state), or their clients are not 0..N−1 once each.
     """
 
-    def __init__(self, grid: Grid, num_nodes: int, timeout: Optional[float] = None, wait: float = 60.0):
+    def __init__(
+        self,
+        grid: Grid,
+        num_nodes: int,
+        timeout: Optional[float] = None,
+        wait: float = 60.0,
+        resume: Optional[int] = None,
+    ):
         self.grid = grid
         self.timeout = timeout
         deadline = time.monotonic() + wait
@@ -51,7 +60,8 @@ class FlowerClients:
                 f"{len(nodes)} of the {num_nodes} SuperNodes connected within {wait:.0f} s. Start the missing "
                 "ones (flower-supernode ... --node-config 'partition-id=K num-partitions=P'), or lower flower.nodes."
             )
-        replies = self._send({node: RecordDict() for node in nodes[:num_nodes]}, "query.describe")
+        request = {"resume": -1 if resume is None else resume}
+        replies = self._send({node: with_models(request, []) for node in nodes[:num_nodes]}, "query.describe")
         self.owner: dict[int, int] = {}  # client → its node
         self.described: dict[int, Any] = {}
         for node, reply in replies.items():
