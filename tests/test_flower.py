@@ -225,15 +225,17 @@ def test_flowers_simulation_runtime_gives_the_sequential_executors_metrics(digit
 
 
 @pytest.mark.slow
-def test_plfl_flower_runs_a_config_file_on_supernodes(tmp_path, capsys):
+def test_plfl_flower_runs_a_config_file_on_supernodes_and_resumes_it(tmp_path, capsys):
     config = tmp_path / "digits.yaml"
     config.write_text("data: {source: digits, num_clients: 4}\nmodel: {name: mlp}\nfederation: {rounds: 1}\n")
     args = ["flower", "run", "--config", str(config), "--nodes", "2", f"output_dir={tmp_path}", "progress_bar=false"]
-    status = main(args)
+    assert main(args) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert status == 0, out
     assert "final" in out and "Run directory:" in out
-    assert (tmp_path / "fedavg-digits").is_dir()
+    (run_dir,) = (tmp_path / "fedavg-digits").iterdir()
+    assert sorted(p.name for p in (run_dir / "node-state").iterdir()) == ["node-0", "node-1"]
+    assert main(["flower", "run", "--resume", str(run_dir), "--nodes", "2", "federation.rounds=2"]) == 0
+    assert [r["round"] for r in metrics(run_dir)] == ["0", "1", "2"]
 
 
 def test_flwr_runs_read_the_plfl_config_and_overrides_from_the_run_config(tmp_path):
