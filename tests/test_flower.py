@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 pytest.importorskip("flwr")
 
-from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 from plfl.cli import main  # noqa: E402
@@ -53,6 +53,8 @@ class InProcessGrid:
         return list(self.contexts)
 
     def send_and_receive(self, messages, timeout=None):
+        for m in messages:  # as a Grid sends them: each message's id
+            m.metadata.__dict__["_message_id"] = m.object_id
         return [self.app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
 
 
@@ -183,29 +185,36 @@ def test_a_run_on_supernodes_resumes_from_the_servers_checkpoint_and_the_nodes_s
 
 
 def test_a_node_killed_mid_run_leaves_its_clients_out_and_the_run_goes_on(digits_config, flower_identity):
-    """Node 101 (clients 1 and 3) answers until round 2's training, then never again: its clients fail that
-    training under the failure policy, miss the broadcasts and drop out of the evaluations."""
+    """Node 101 (clients 1 and 3) is killed in round 2's training: no reply in that round (the SuperLink still
+    lists it), then, once the SuperLink counts it offline, Flower's error replies (code 5). Its clients fail their
+    trainings under the failure policy, miss the broadcasts and drop out of the evaluations; the run goes on."""
     cfg = digits_config(**{"federation.rounds": 3})
     grid = InProcessGrid(cfg, 2)
-    send, killed = grid.send_and_receive, []
+    send, killed_in = grid.send_and_receive, []
 
     def node_101_killed_in_round_2(messages, timeout=None):
         replies = []
         for m in messages:
-            request = m.content["config"] if "config" in m.content else {}
-            if m.metadata.dst_node_id == 101 and m.metadata.message_type == "train" and request["round"] == 2:
-                killed.append(True)
-            if m.metadata.dst_node_id == 101 and killed:
-                continue  # no reply: the server's wait times out
-            replies.extend(send([m]))
+            round_ = m.content["config"].get("round")
+            if m.metadata.dst_node_id == 101 and m.metadata.message_type == "train" and round_ == 2:
+                killed_in.append(round_)
+            if m.metadata.dst_node_id != 101 or not killed_in:
+                replies.extend(send([m]))
+            elif round_ == 3:
+                m.metadata.__dict__["_message_id"] = m.object_id  # sent: the grid gives it its id
+                replies.append(Message(error=Error(5, "SuperNode 101 is unavailable"), reply_to=m))
         return replies
 
     grid.send_and_receive = node_101_killed_in_round_2
     with pytest.warns(UserWarning, match="2 clients could not be evaluated: client 1: SuperNode 101: no reply in time"):
         run_dir, summary = run_experiment(cfg, remote=FlowerClients(grid, 2))
     assert summary["status"] == "completed" and summary["rounds"] == 3
-    failures = [(f["round"], f["client"]) for f in summary["client_failures"]]
-    assert failures == [(2, 1), (2, 3), (2, 1), (2, 3), (3, 1), (3, 3), (3, 1), (3, 3)]  # training, broadcast
+    failures = [(f["round"], f["client"], f["reason"]) for f in summary["client_failures"]]
+    lost, gone = "SuperNode 101: no reply in time", "SuperNode 101: SuperNode 101 is unavailable"
+    assert failures == [  # training, then broadcast, of rounds 2 and 3
+        *[(2, 1, lost), (2, 3, lost), (2, 1, lost), (2, 3, lost)],
+        *[(3, 1, gone), (3, 3, gone), (3, 1, gone), (3, 3, gone)],
+    ]
     rows = metrics(run_dir)
     assert [r.get("unreachable_clients", "") for r in rows] == ["", "", "2", "2"]
     assert [r["failed_clients"] for r in rows] == ["", "0", "2", "2"]

@@ -180,10 +180,14 @@ class FlowerClients:
     def _send(self, requests: dict[int, RecordDict], kind: str) -> dict[int, Any]:
         """Each node's reply to its request: its records and config (``query.describe``: the config alone), or
         why it gave none."""
-        messages = [Message(content, dst_node_id=node, message_type=kind) for node, content in requests.items()]
+        messages = {node: Message(content, dst_node_id=node, message_type=kind) for node, content in requests.items()}
         replies: dict[int, Any] = {node: "no reply in time" for node in requests}
-        for reply in self.grid.send_and_receive(messages, timeout=self.timeout):
-            node = reply.metadata.src_node_id
+        answered = self.grid.send_and_receive(list(messages.values()), timeout=self.timeout)
+        # The grid gives each message its id as it sends it; the SuperLink answers for a node it lost (error code 5,
+        # from its own id), so a reply is matched to its request, not to its sender.
+        node_of = {message.metadata.message_id: node for node, message in messages.items()}
+        for reply in answered:
+            node = node_of[reply.metadata.reply_to_message_id]
             if reply.has_error():
                 replies[node] = reply.error.reason
             elif kind == "query.describe":
