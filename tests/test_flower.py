@@ -40,11 +40,16 @@ class InProcessGrid:
     runs = itertools.count(1)
 
     def __init__(self, cfg, nodes: int, data_dirs=None, state_root=None):
-        self.app = client_app(cfg, state_root)
+        self.app = client_app(state_root=state_root)  # the nodes' config comes from the server
+        self.cfg, self.nodes = cfg, nodes
         self.run_id = next(self.runs)
         self.contexts = {100 + k: self.context(100 + k, k, nodes) for k in range(nodes)}
         for k, directory in enumerate(data_dirs or []):
             self.contexts[100 + k] = Context(self.run_id, 100 + k, {"data-dir": str(directory)}, RecordDict(), {})
+
+    def clients(self, num_nodes=None, **options) -> FlowerClients:
+        """The server's side over these nodes, sending them the run's config."""
+        return FlowerClients(self, num_nodes or self.nodes, config=self.cfg, **options)
 
     def context(self, node: int, partition: int, partitions: int) -> Context:
         return Context(self.run_id, node, {"partition-id": partition, "num-partitions": partitions}, RecordDict(), {})
@@ -116,7 +121,7 @@ def test_what_only_a_simulation_has_is_refused(digits_config, keys, message):
 
 def test_the_server_sees_sample_counts_but_no_samples(digits_config, flower_identity):
     cfg = digits_config()
-    data = FlowerClients(InProcessGrid(cfg, 2), 2).federated_data()
+    data = InProcessGrid(cfg, 2).clients().federated_data()
     assert len(data.clients) == 5 and data.input_shape == (1, 8, 8) and data.num_classes == 10
     assert all(c.num_train > 0 and c.x_train.device.type == "meta" for c in data.clients)
     with pytest.raises(NotImplementedError):
@@ -127,16 +132,16 @@ def test_nodes_that_hold_other_clients_than_0_to_n_are_refused(digits_config, fl
     grid = InProcessGrid(digits_config(), 2)
     grid.contexts[101] = grid.context(101, 0, 2)  # the clients of node 100
     with pytest.raises(PlflError, match="client 0 is on SuperNodes 100 and 101"):
-        FlowerClients(grid, 2)
+        grid.clients()
     with pytest.raises(PlflError, match="2 of the 3 SuperNodes connected"):
-        FlowerClients(InProcessGrid(digits_config(), 2), 3, wait=0)
+        InProcessGrid(digits_config(), 2).clients(3, wait=0)
 
 
 @pytest.mark.parametrize("method", ["fedavg", "fedala"])
 def test_a_run_on_supernodes_gives_the_sequential_executors_metrics(digits_config, flower_identity, method):
     cfg = digits_config(**{"method.name": method, "federation.rounds": 2})
     sequential_dir, _ = run_experiment(cfg)
-    flower_dir, summary = run_experiment(cfg, remote=FlowerClients(InProcessGrid(cfg, 2), 2))
+    flower_dir, summary = run_experiment(cfg, remote=InProcessGrid(cfg, 2).clients())
     assert summary["status"] == "completed"
     assert_same_metrics(flower_dir, sequential_dir)
 
@@ -148,7 +153,7 @@ def test_nodes_that_read_only_their_own_clients_files_give_the_sequential_execut
     directories = write_node_data(load_federated_data(OmegaConf.to_object(cfg).data, 0), 2, tmp_path / "nodes")
     assert sorted(f.name for f in directories[1].iterdir()) == ["client-1.npz", "client-3.npz", "federation.json"]
     sequential_dir, _ = run_experiment(cfg)
-    flower_dir, _ = run_experiment(cfg, remote=FlowerClients(InProcessGrid(cfg, 2, directories), 2))
+    flower_dir, _ = run_experiment(cfg, remote=InProcessGrid(cfg, 2, directories).clients())
     assert_same_metrics(flower_dir, sequential_dir)
 
 
@@ -174,14 +179,14 @@ def test_a_run_on_supernodes_resumes_from_the_servers_checkpoint_and_the_nodes_s
     cfg = digits_config(**{"method.name": "fedala", "federation.rounds": 4})
     sequential_dir, _ = run_experiment(cfg)
     two = digits_config(**{"method.name": "fedala", "federation.rounds": 2})
-    run_dir, _ = run_experiment(two, remote=FlowerClients(InProcessGrid(two, 2, state_root=tmp_path / "nodes"), 2))
+    run_dir, _ = run_experiment(two, remote=InProcessGrid(two, 2, state_root=tmp_path / "nodes").clients())
     assert sorted(p.name for p in (tmp_path / "nodes" / "node-1").iterdir()) == ["round-00001.pt", "round-00002.pt"]
     resumed = resume_config(run_dir, ["federation.rounds=4"])
     grid = InProcessGrid(resumed, 2, state_root=tmp_path / "nodes")  # a new Flower run: empty node contexts
-    run_experiment(resumed, run_dir, remote=FlowerClients(grid, 2, resume=2))
+    run_experiment(resumed, run_dir, remote=grid.clients(resume=2))
     assert_same_metrics(run_dir, sequential_dir)
     with pytest.raises(PlflError, match="cannot resume round 2: .* has no state-dir"):
-        FlowerClients(InProcessGrid(resumed, 2), 2, resume=2)
+        InProcessGrid(resumed, 2).clients(resume=2)
 
 
 def test_a_node_killed_mid_run_leaves_its_clients_out_and_the_run_goes_on(digits_config, flower_identity):
@@ -207,7 +212,7 @@ def test_a_node_killed_mid_run_leaves_its_clients_out_and_the_run_goes_on(digits
 
     grid.send_and_receive = node_101_killed_in_round_2
     with pytest.warns(UserWarning, match="2 clients could not be evaluated: client 1: SuperNode 101: no reply in time"):
-        run_dir, summary = run_experiment(cfg, remote=FlowerClients(grid, 2))
+        run_dir, summary = run_experiment(cfg, remote=grid.clients())
     assert summary["status"] == "completed" and summary["rounds"] == 3
     failures = [(f["round"], f["client"], f["reason"]) for f in summary["client_failures"]]
     lost, gone = "SuperNode 101: no reply in time", "SuperNode 101: SuperNode 101 is unavailable"

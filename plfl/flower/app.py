@@ -18,17 +18,18 @@ import shlex
 from pathlib import Path
 from typing import Any, Optional
 
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from omegaconf import DictConfig, OmegaConf
 
 from plfl.checkpoint import load_latest_checkpoint
-from plfl.config import ExperimentConfig, load_config, resume_config
+from plfl.config import ExperimentConfig, load_config, resume_config, validate
 from plfl.cpus import use_torch_threads
 from plfl.errors import ConfigError
 from plfl.experiment import new_run_dir, run_experiment
 from plfl.flower.node import Node
+from plfl.flower.records import config_of
 from plfl.flower.server import FlowerClients
 
 
@@ -107,7 +108,7 @@ def server_app(
             round_ = load_latest_checkpoint(resumed / "checkpoints")[1]["round"] if resumed else None
             timeout = float(values["timeout"]) if values.get("timeout") else None
             num_nodes = nodes if nodes is not None else int(values["nodes"])
-            clients = FlowerClients(grid, num_nodes, timeout, resume=round_)
+            clients = FlowerClients(grid, num_nodes, timeout, resume=round_, config=config)
             directory, summary = run_experiment(config, resumed, run_dir, remote=clients)
             if outcome is not None:
                 outcome.update(run_dir=directory, summary=summary)
@@ -120,17 +121,19 @@ def server_app(
 
 
 _nodes: dict[tuple[int, int], Node] = {}  # (run, node) → its clients, built at the node's first request
+SENT_CONFIG = "plfl-config"
 
 
 def client_app(cfg: Optional[DictConfig] = None, state_root: Optional[Path] = None) -> ClientApp:
-    """The ClientApp of ``cfg`` (None: the run config's); a node without ``state-dir`` in its node config keeps its
-    clients' state in ``state_root``/node-``partition-id`` (None: in its Flower context only)."""
+    """The ClientApp of ``cfg`` (None: the config the server sends with its first request, kept in the node's
+    context); a node without ``state-dir`` in its node config keeps its clients' state in
+    ``state_root``/node-``partition-id`` (None: in its Flower context only)."""
     app = ClientApp()
 
     def handle(message: Message, context: Context) -> Message:
         key = (context.run_id, context.node_id)
-        if key not in _nodes:
-            config = cfg if cfg is not None else run_config(context)[0]
+        if key not in _nodes:  # a deployed SuperNode starts a new process for each message
+            config = cfg if cfg is not None else sent_config(message, context)
             use_torch_threads(config.federation.threads)
             _nodes[key] = Node(config, dict(context.node_config), state_root)
         return _nodes[key].handle(message, context)
@@ -139,6 +142,21 @@ def client_app(cfg: Optional[DictConfig] = None, state_root: Optional[Path] = No
     for register in requests:
         register(handle)
     return app
+
+
+def sent_config(message: Message, context: Context) -> DictConfig:
+    """The run's config as the server sent it (``query.describe``), kept in ``context.state`` for the node's later
+    requests.
+
+    Raises:
+        ConfigError: a request before the server's first, or a config this plfl does not validate.
+    """
+    request = config_of(message.content)
+    if "config" in request:
+        context.state[SENT_CONFIG] = ConfigRecord({"yaml": request["config"]})
+    if SENT_CONFIG not in context.state:
+        raise ConfigError("this SuperNode got a request before the server sent the run's config (query.describe)")
+    return validate(OmegaConf.create(context.state[SENT_CONFIG]["yaml"]))
 
 
 server = server_app()

@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 from flwr.app import Message, RecordDict
 from flwr.serverapp import Grid
+from omegaconf import DictConfig, OmegaConf
 
 from plfl.client_side import ClientUnreachable, Update
 from plfl.data import FederatedData
@@ -33,7 +34,8 @@ from plfl.tasks import ClientFailure, EvalResult, TrainResult
 class FlowerClients:
     """The clients of the SuperNodes connected to ``grid``, for a run over ``num_nodes`` of them; ``timeout``: the
     seconds to wait for a request's replies (None: until every node answered); ``resume``: the round whose state
-    the nodes restore (a run resumed from the server's checkpoint of that round).
+    the nodes restore (a run resumed from the server's checkpoint of that round); ``config``: the run's config,
+    sent to the nodes with the first request (None: the nodes have their own).
 
     Raises:
         PlflError: fewer than ``num_nodes`` nodes connected within ``wait`` seconds, a node could not describe its
@@ -47,6 +49,7 @@ class FlowerClients:
         timeout: Optional[float] = None,
         wait: float = 60.0,
         resume: Optional[int] = None,
+        config: Optional[DictConfig] = None,
     ):
         self.grid = grid
         self.timeout = timeout
@@ -60,7 +63,9 @@ class FlowerClients:
                 f"{len(nodes)} of the {num_nodes} SuperNodes connected within {wait:.0f} s. Start the missing "
                 "ones (flower-supernode ... --node-config 'partition-id=K num-partitions=P'), or lower flower.nodes."
             )
-        request = {"resume": -1 if resume is None else resume}
+        request: dict[str, Any] = {"resume": -1 if resume is None else resume}
+        if config is not None:
+            request["config"] = OmegaConf.to_yaml(config, resolve=True)
         replies = self._send({node: with_models(request, []) for node in nodes[:num_nodes]}, "query.describe")
         self.owner: dict[int, int] = {}  # client → its node
         self.described: dict[int, Any] = {}
