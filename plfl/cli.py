@@ -5,7 +5,8 @@
 --round R [--batch-size B] [--attack dlg|idlg] [--iterations N] [--restarts K] [key=value ...]``,
 ``plfl methods [NAME]``, ``plfl flower run --config X.yaml [--nodes N] [key=value ...]``, ``plfl flower run --resume
 RUN_DIR --nodes N``,
-``plfl flower split --config X.yaml --nodes N --output DIR [key=value ...]``,
+``plfl flower split --config X.yaml --nodes N --output DIR [key=value ...]``, ``plfl flower app --config X.yaml
+--nodes N --output DIR [--timeout S] [key=value ...]``,
 ``plfl --version``.
 
 Only what a command needs is imported: Lightning, W&B and the data readers only when training, so that config
@@ -153,12 +154,14 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a config in Flower's simulation runtime (needs Flower: pip install -e '.[flower]')"
     )
     split = actions.add_parser("split", help="write each SuperNode's own clients' data files (data-dir=node-K)")
+    app = actions.add_parser("app", help="write a Flower app of a config for flwr run on a SuperLink and SuperNodes")
     run.add_argument("--config", "-c", help="YAML config file (see configs/)")
     run.add_argument(
         "--resume", type=Path, metavar="RUN_DIR", help="continue a plfl flower run from its newest checkpoint"
     )
-    split.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
-    for action in (run, split):
+    for action in (split, app):
+        action.add_argument("--config", "-c", required=True, help="YAML config file (see configs/)")
+    for action in (run, split, app):
         action.add_argument("overrides", nargs="*", metavar="key=value", help="dot-list overrides, e.g. method=fedala")
         action.add_argument(
             "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a failure"
@@ -168,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     split.add_argument("--nodes", type=int, required=True, metavar="N", help="SuperNodes; node K gets K, K + N, ...")
     split.add_argument("--output", "-o", type=Path, required=True, metavar="DIR", help="writes DIR/node-K/ for each")
+    app.add_argument("--nodes", type=int, required=True, metavar="N", help="the SuperNodes the server waits for")
+    app.add_argument("--output", "-o", type=Path, required=True, metavar="DIR", help="writes DIR/pyproject.toml")
+    app.add_argument(
+        "--timeout", type=float, metavar="S", help="seconds to wait for the nodes' replies (default: until all answer)"
+    )
     methods = commands.add_parser("methods", help="list the methods (method.name) with their keys and defaults")
     methods.add_argument("names", nargs="*", metavar="NAME", help="only these methods (default: all)")
     methods.add_argument(
@@ -235,6 +243,13 @@ def flower(args: argparse.Namespace) -> None:
         raise PlflError("plfl flower run needs --config FILE or --resume RUN_DIR (one of them).")
     resume = args.resume if args.action == "run" else None
     cfg = resume_config(resume, args.overrides) if resume else load_config(args.config, args.overrides)
+    if args.action == "app":
+        from plfl.flower.app import check_flower, write_app
+
+        check_flower(cfg)
+        path = write_app(args.output, Path(args.config), args.nodes, args.timeout, args.overrides)
+        print(f"{path}: run it with flwr run {args.output} CONNECTION --stream")
+        return
     check_torch_builds()
     if args.action == "split":
         from plfl.data import load_federated_data

@@ -41,7 +41,7 @@ class InProcessGrid:
 
     def __init__(self, cfg, nodes: int, data_dirs=None, state_root=None):
         self.app = client_app(state_root=state_root)  # the nodes' config comes from the server
-        self.cfg, self.nodes = cfg, nodes
+        self.cfg, self.nodes, self.sent = cfg, nodes, []
         self.run_id = next(self.runs)
         self.contexts = {100 + k: self.context(100 + k, k, nodes) for k in range(nodes)}
         for k, directory in enumerate(data_dirs or []):
@@ -60,6 +60,7 @@ class InProcessGrid:
     def send_and_receive(self, messages, timeout=None):
         for m in messages:  # as a Grid sends them: each message's id
             m.metadata.__dict__["_message_id"] = m.object_id
+            self.sent.append(m.metadata.message_type)
         return [self.app(m, self.contexts[m.metadata.dst_node_id]) for m in messages]
 
 
@@ -141,9 +142,12 @@ def test_nodes_that_hold_other_clients_than_0_to_n_are_refused(digits_config, fl
 def test_a_run_on_supernodes_gives_the_sequential_executors_metrics(digits_config, flower_identity, method):
     cfg = digits_config(**{"method.name": method, "federation.rounds": 2})
     sequential_dir, _ = run_experiment(cfg)
-    flower_dir, summary = run_experiment(cfg, remote=InProcessGrid(cfg, 2).clients())
+    grid = InProcessGrid(cfg, 2)
+    flower_dir, summary = run_experiment(cfg, remote=grid.clients())
     assert summary["status"] == "completed"
     assert_same_metrics(flower_dir, sequential_dir)
+    # Per node: one description, then a broadcast that carries the evaluation for rounds 0..2 and a training for 1..2
+    assert sorted(grid.sent) == sorted(2 * ["query.describe", *3 * ["query.initialise"], *2 * ["train"]])
 
 
 def test_nodes_that_read_only_their_own_clients_files_give_the_sequential_executors_metrics(

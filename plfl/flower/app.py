@@ -14,7 +14,9 @@ its clients itself, on the sequential or vectorized executor).
 
 from __future__ import annotations
 
+import json
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -142,6 +144,44 @@ def client_app(cfg: Optional[DictConfig] = None, state_root: Optional[Path] = No
     for register in requests:
         register(handle)
     return app
+
+
+def write_app(
+    directory: Path, config: Path, nodes: int, timeout: Optional[float] = None, overrides: Sequence[str] = ()
+) -> Path:
+    """A Flower app for ``flwr run`` in ``directory``: its ``pyproject.toml`` names plfl's ServerApp and ClientApp and
+    holds the run config (``config``, the YAML's absolute path; ``nodes``; ``timeout``, seconds, 0: none;
+    ``overrides``). Its dependencies are empty: plfl and Flower are installed where the SuperLink and SuperNodes run
+    (start the SuperLink with ``--disable-runtime-dependency-installation``). Returns the file.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    values = {
+        "config": str(config.resolve()),
+        "nodes": nodes,
+        "timeout": float(timeout or 0),
+        "overrides": " ".join(shlex.quote(o) for o in overrides),
+        "resume": "",
+    }
+    lines = [
+        "# A plfl run as a Flower app: flwr run . CONNECTION --stream (see plfl's Flower how-to)",
+        "[project]",
+        'name = "plfl-app"',
+        'version = "1.0.0"',
+        "dependencies = []",
+        "",
+        "[tool.flwr.app]",
+        'publisher = "plfl"',
+        "",
+        "[tool.flwr.app.components]",
+        'serverapp = "plfl.flower.app:server"',
+        'clientapp = "plfl.flower.app:client"',
+        "",
+        "[tool.flwr.app.config]",
+        *(f"{key} = {json.dumps(value)}" for key, value in values.items()),
+    ]
+    path = directory / "pyproject.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def sent_config(message: Message, context: Context) -> DictConfig:

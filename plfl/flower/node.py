@@ -140,8 +140,11 @@ class Node:
             self.received.update(messages)
             if self.state_dir is not None:
                 save_checkpoint(self.state_dir, round_, self._state(), keep=2)
-            done = {c: {} for c, f in failures.items() if f is None}
             failed = {c: f for c, f in failures.items() if f is not None}
+            done: dict[int, dict[str, Any]] = {c: {} for c, f in failures.items() if f is None}
+            for split in request["evaluate"]:  # the new models, in a round that evaluates
+                for client, row in evaluated(list(done), self.local.evaluate(list(done), split)).items():
+                    done[client].update({f"{split}.{key}": value for key, value in row.items()})
         elif kind == "train":
             updates = self.local.train(round_, clients, {c: self.received.get(c) for c in clients}, {})
             done, failed = {}, {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from flwr.app import Message, RecordDict
@@ -33,7 +33,8 @@ from plfl.tasks import ClientFailure, EvalResult, TrainResult
 
 class FlowerClients:
     """The clients of the SuperNodes connected to ``grid``, for a run over ``num_nodes`` of them; ``timeout``: the
-    seconds to wait for a request's replies (None: until every node answered); ``resume``: the round whose state
+    seconds to wait for a request's replies (None: until every node answered; the first request waits ``wait``
+    seconds at least, for the nodes' ClientApps to start); ``resume``: the round whose state
     the nodes restore (a run resumed from the server's checkpoint of that round); ``config``: the run's config,
     sent to the nodes with the first request (None: the nodes have their own).
 
@@ -66,7 +67,9 @@ class FlowerClients:
         request: dict[str, Any] = {"resume": -1 if resume is None else resume}
         if config is not None:
             request["config"] = OmegaConf.to_yaml(config, resolve=True)
-        replies = self._send({node: with_models(request, []) for node in nodes[:num_nodes]}, "query.describe")
+        # A node's first answer waits for its ClientApp to start (import torch, load its data): up to ``wait`` s.
+        first = None if timeout is None else max(timeout, wait)
+        replies = self._send({node: with_models(request, []) for node in nodes[:num_nodes]}, "query.describe", first)
         self.owner: dict[int, int] = {}  # client → its node
         self.described: dict[int, Any] = {}
         for node, reply in replies.items():
@@ -80,6 +83,13 @@ class FlowerClients:
                     )
                 self.owner[client] = node
             self.described[node] = reply
+        # The splits the nodes evaluate with each broadcast of a round that evaluates (the config's eval_every).
+        self.evaluated: dict[tuple[str, int], EvalResult | ClientUnreachable] = {}
+        self.evaluates: Callable[[int], bool] = lambda round_: False
+        self.splits = ["test"] + (["val"] if any(sum(r["num_val"]) for r in self.described.values()) else [])
+        if config is not None:
+            every, rounds = config.federation.eval_every, config.federation.rounds
+            self.evaluates = lambda round_: round_ % every == 0 or round_ == rounds
         missing = sorted(set(range(len(self.owner))) ^ set(self.owner))
         if missing:
             raise PlflError(
@@ -125,10 +135,25 @@ class FlowerClients:
         return updates
 
     def initialise(self, round_: int, messages: dict[int, Optional[Params]]) -> dict[int, Optional[ClientFailure]]:
-        replies = self._per_node(list(messages), {"round": round_}, "query.initialise", messages)
+        # In a round that evaluates, the nodes evaluate the new models in the same exchange: the loop asks for
+        # nothing in between, and an exchange costs seconds on Flower.
+        splits = self.splits if self.evaluates(round_) else []
+        replies = self._per_node(list(messages), {"round": round_, "evaluate": splits}, "query.initialise", messages)
+        self.evaluated = {}
+        for client, row in replies.items():
+            for split in splits:
+                if isinstance(row, ClientUnreachable):
+                    self.evaluated[split, client] = row
+                elif not isinstance(row, ClientFailure):
+                    values = row[1]
+                    self.evaluated[split, client] = EvalResult(
+                        values[f"{split}.correct"], values[f"{split}.total"], values[f"{split}.loss"]
+                    )
         return {c: r if isinstance(r, ClientFailure) else None for c, r in replies.items()}
 
     def evaluate(self, clients: Sequence[int], split: str) -> list[EvalResult | ClientUnreachable]:
+        if all((split, c) in self.evaluated for c in clients):
+            return [self.evaluated.pop((split, c)) for c in clients]
         return self._evaluations(self._per_node(list(clients), {"round": -1, "split": split}, "evaluate"), clients)
 
     def evaluate_models(self, clients: Sequence[int], models: Sequence[Params]) -> list[EvalResult | ClientUnreachable]:
@@ -165,7 +190,7 @@ class FlowerClients:
         for node, own in by_node.items():
             request = {**config, "clients": own}
             requests[node] = with_models(request, [models[c] for c in own] if models else [])
-        replies = self._send(requests, kind)
+        replies = self._send(requests, kind, self.timeout)
         rows: dict[int, tuple[RecordDict, dict[str, Any]] | ClientFailure] = {}
         for node, own in by_node.items():
             reply = replies[node]
@@ -182,12 +207,12 @@ class FlowerClients:
                 rows.setdefault(client, ClientUnreachable(f"SuperNode {node} did not report client {client}"))
         return rows
 
-    def _send(self, requests: dict[int, RecordDict], kind: str) -> dict[int, Any]:
-        """Each node's reply to its request: its records and config (``query.describe``: the config alone), or
-        why it gave none."""
+    def _send(self, requests: dict[int, RecordDict], kind: str, timeout: Optional[float]) -> dict[int, Any]:
+        """Each node's reply to its request (within ``timeout`` s; None: no limit): its
+        records and config (``query.describe``: the config alone), or why it gave none."""
         messages = {node: Message(content, dst_node_id=node, message_type=kind) for node, content in requests.items()}
         replies: dict[int, Any] = {node: "no reply in time" for node in requests}
-        answered = self.grid.send_and_receive(list(messages.values()), timeout=self.timeout)
+        answered = self.grid.send_and_receive(list(messages.values()), timeout=timeout)
         # The grid gives each message its id as it sends it; the SuperLink answers for a node it lost (error code 5,
         # from its own id), so a reply is matched to its request, not to its sender.
         node_of = {message.metadata.message_id: node for node, message in messages.items()}
