@@ -1,9 +1,9 @@
 """plfl's FedOpt server step beside Flower's FedAdam, FedYogi and FedAdagrad strategies on the same inputs.
 
-Usage: python benchmarks/fedopt_flower.py --flower-python PATH [--rounds 3] [--out DIR]
+Usage: python benchmarks/fedopt_flower.py [--flower-python PATH] [--rounds 3] [--out DIR]
 
-Flower and plfl's pinned protobuf cannot share one environment, so Flower runs in the interpreter given by
-``--flower-python`` (one with ``flwr`` installed): both sides get the same two-client example, float64 arrays of a
+Flower runs in a subprocess of the interpreter given by ``--flower-python`` (default: this one, with plfl's
+``flower`` extra installed; any one with ``flwr``): both sides get the same two-client example, float64 arrays of a
 small model's shapes, uploads x_t + Δ_i with client 0 holding 10 samples and client 1 holding 30, for ``--rounds``
 server rounds. Flower's strategies are driven through their ``aggregate_fit`` with those uploads.
 
@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -122,7 +123,9 @@ def largest_difference(one: list[dict[str, torch.Tensor]], other: list[dict[str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--flower-python", required=True, help="a Python interpreter with flwr installed")
+    parser.add_argument(
+        "--flower-python", default=sys.executable, help="a Python interpreter with flwr installed (default: this one)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="directory for fedopt-vs-flower.csv")
     args = parser.parse_args()
