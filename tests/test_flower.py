@@ -150,6 +150,17 @@ def test_a_run_on_supernodes_gives_the_sequential_executors_metrics(digits_confi
     assert sorted(grid.sent) == sorted(2 * ["query.describe", *3 * ["query.initialise"], *2 * ["train"]])
 
 
+def test_a_broadcast_in_groups_carries_each_groups_evaluation(digits_config, flower_identity):
+    """With federation.state_offload the loop broadcasts and evaluates in groups of a round's clients (2 of 5 here);
+    every group's evaluation still comes with its broadcast."""
+    cfg = digits_config(**{"federation.rounds": 2, "federation.join_ratio": 0.4, "federation.state_offload": True})
+    sequential_dir, _ = run_experiment(cfg)
+    grid = InProcessGrid(cfg, 2)
+    flower_dir, _ = run_experiment(cfg, remote=grid.clients())
+    assert_same_metrics(flower_dir, sequential_dir)
+    assert "evaluate" not in grid.sent
+
+
 def test_nodes_that_read_only_their_own_clients_files_give_the_sequential_executors_metrics(
     digits_config, flower_identity, tmp_path
 ):

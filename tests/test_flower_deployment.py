@@ -41,7 +41,7 @@ def test_a_loopback_deployment_runs_refuses_an_unregistered_node_and_survives_a_
     sequential_dir, _ = run_experiment(cfg)
     nodes = write_node_data(load_federated_data(OmegaConf.to_object(cfg).data, 0), 3, tmp_path / "data")
     app = tmp_path / "app"
-    write_app(app, config, 3, timeout=30, overrides=[f"output_dir={runs}", "name=deployed"])
+    write_app(app, config, 3, timeout=60, overrides=[f"output_dir={runs}", "name=deployed"])
     with LoopbackDeployment(tmp_path / "deployment", keys=4) as deployment:
         for k in range(3):
             deployment.start_node(k, {"data-dir": str(nodes[k]), "state-dir": str(tmp_path / f"state-{k}")})

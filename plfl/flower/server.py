@@ -85,6 +85,7 @@ class FlowerClients:
             self.described[node] = reply
         # The splits the nodes evaluate with each broadcast of a round that evaluates (the config's eval_every).
         self.evaluated: dict[tuple[str, int], EvalResult | ClientUnreachable] = {}
+        self.evaluated_round = -1
         self.evaluates: Callable[[int], bool] = lambda round_: False
         self.splits = ["test"] + (["val"] if any(sum(r["num_val"]) for r in self.described.values()) else [])
         if config is not None:
@@ -139,7 +140,8 @@ class FlowerClients:
         # nothing in between, and an exchange costs seconds on Flower.
         splits = self.splits if self.evaluates(round_) else []
         replies = self._per_node(list(messages), {"round": round_, "evaluate": splits}, "query.initialise", messages)
-        self.evaluated = {}
+        if round_ != self.evaluated_round:  # a broadcast in groups (federation.state_offload) adds to its round's
+            self.evaluated, self.evaluated_round = {}, round_
         for client, row in replies.items():
             for split in splits:
                 if isinstance(row, ClientUnreachable):
