@@ -62,7 +62,8 @@ class FlowerClients:
         if len(nodes) < num_nodes:
             raise PlflError(
                 f"{len(nodes)} of the {num_nodes} SuperNodes connected within {wait:.0f} s. Start the missing "
-                "ones (flower-supernode ... --node-config 'partition-id=K num-partitions=P'), or lower flower.nodes."
+                "ones (flower-supernode ... --node-config 'partition-id=K num-partitions=P' or 'data-dir=...'), or "
+                "wait for fewer (plfl flower run --nodes N; nodes = N in the app's run config)."
             )
         request: dict[str, Any] = {"resume": -1 if resume is None else resume}
         if config is not None:
