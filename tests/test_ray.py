@@ -337,29 +337,35 @@ def test_a_stopped_parallel_sweep_continues_its_running_trials_with_their_parame
     local_ray, tmp_path, monkeypatch, capsys
 ):
     path = write_sweep(tmp_path, {"federation.lr": {"values": [0.01, 0.03, 0.1]}})
-    rounds = 20  # a trial's rounds last seconds: both are still running when the sweep stops
+    # Rounds of 10 local epochs: a trial lasts seconds, so two of the three run at the same time.
+    overrides = ["federation.rounds=40", "federation.local_epochs=10"]
     ray_wait = ray.wait
 
     def wait_then_ctrl_c(*args, **kwargs):
-        # The sweep waits for its trials in half-second pieces: Ctrl+C once both have checkpointed a trained round.
+        # The sweep waits for its trials in half-second pieces: Ctrl+C once two unfinished trials (no summary.json
+        # yet) have checkpointed a trained round. Which two depends on how fast Ray starts its workers.
         saved = {
             p.parents[1] for p in (tmp_path / "out").glob("*/*/checkpoints/round-*.pt") if p.name != "round-00000.pt"
         }
-        if len(saved) == 2:
+        if len({run for run in saved if not (run / "summary.json").exists()}) == 2:
             os.kill(os.getpid(), signal.SIGINT)
         return ray_wait(*args, **kwargs)
 
     monkeypatch.setattr(ray, "wait", wait_then_ctrl_c)
-    assert main(["sweep", str(path), "--parallel", "2", f"federation.rounds={rounds}"]) == 130
+    assert main(["sweep", str(path), "--parallel", "2", *overrides]) == 130
     monkeypatch.setattr(ray, "wait", ray_wait)
     stopped = json.loads((tmp_path / "out" / "sweeps" / "sweep" / "trials.json").read_text())["trials"]
-    assert [(t["trial"], t["status"]) for t in stopped] == [(1, "running"), (2, "running")]
-    first_rounds = {t["run_dir"]: (Path(t["run_dir"]) / "metrics.csv").read_text().splitlines()[:3] for t in stopped}
+    running = {t["trial"]: t for t in stopped if t["status"] == "running"}
+    assert len(running) == 2 and all(t["status"] == "completed" for t in stopped if t["trial"] not in running)
+    first_rounds = {n: (Path(t["run_dir"]) / "metrics.csv").read_text().splitlines()[:3] for n, t in running.items()}
 
-    assert main(["sweep", str(path), "--parallel", "2", f"federation.rounds={rounds}"]) == 0
+    assert main(["sweep", str(path), "--parallel", "2", *overrides]) == 0
     out = capsys.readouterr().out
-    trials = json.loads((tmp_path / "out" / "sweeps" / "sweep" / "trials.json").read_text())["trials"]
-    for before, after in zip(stopped, trials):
+    trials = {
+        t["trial"]: t for t in json.loads((tmp_path / "out" / "sweeps" / "sweep" / "trials.json").read_text())["trials"]
+    }
+    for n, before in running.items():
+        after = trials[n]
         assert (after["parameters"], after["run_dir"], after["status"]) == (
             before["parameters"],
             before["run_dir"],
@@ -367,9 +373,9 @@ def test_a_stopped_parallel_sweep_continues_its_running_trials_with_their_parame
         )
         assert f"(continues {after['run_dir']} from its newest checkpoint)" in out
         metrics = (Path(after["run_dir"]) / "metrics.csv").read_text().splitlines()
-        assert metrics[:3] == first_rounds[after["run_dir"]] and len(metrics) == 1 + rounds + 1
-    # The third trial was proposed while the continued ones ran: a grid value of its own.
-    assert sorted(t["parameters"]["federation.lr"] for t in trials) == [0.01, 0.03, 0.1]
+        assert metrics[:3] == first_rounds[n] and len(metrics) == 1 + 40 + 1
+    # A trial proposed while the continued ones ran takes a grid value of its own.
+    assert sorted(t["parameters"]["federation.lr"] for t in trials.values()) == [0.01, 0.03, 0.1]
     assert len(list((tmp_path / "out").glob("*/*/summary.json"))) == 3
 
 
