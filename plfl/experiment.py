@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -177,24 +178,22 @@ def sample_level_dp(config: ExperimentConfig, model: nn.Module) -> SampleLevelDP
 
 
 def target_noise_multiplier(dp_sgd: SampleLevelDP, method: Method, rounds: int) -> float:
-    """The σ at which a client that trains in each of the ``rounds`` rounds, ``method``'s local trainings each
-    round (:meth:`~plfl.methods.base.Method.local_lengths`), reaches ``privacy.target_epsilon``: the largest over
+    """The σ at which a client that trains in each of the ``rounds`` rounds, the most local steps ``method`` may
+    take (:meth:`~plfl.methods.base.Method.private_steps`), reaches ``privacy.target_epsilon``: the largest over
     the clients (:func:`plfl.privacy.noise_multiplier_for`).
 
     Raises:
         ConfigError: Opacus is not installed.
     """
+
+    def steps(n: int, length: dict[str, float]) -> int:  # one training's steps on n samples
+        epochs, steps, share = length.get("epochs"), length.get("steps"), length.get("share", 1)
+        return local_steps(n, dp_sgd.batch_size, epochs, steps, dp_sgd.min_last, share)
+
     trainings = set()
     for client in method.context.data.clients:
-        n = client.num_train
-        steps = sum(
-            local_steps(
-                n, dp_sgd.batch_size, length.get("epochs"), length.get("steps"), dp_sgd.min_last, length.get("share", 1)
-            )
-            for length in method.local_lengths()
-        )
-        if steps:
-            trainings.add((min(1.0, dp_sgd.batch_size / n), rounds * steps))
+        if total := method.private_steps(functools.partial(steps, client.num_train), rounds):
+            trainings.add((min(1.0, dp_sgd.batch_size / client.num_train), total))
     return noise_multiplier_for(dp_sgd.config, trainings)
 
 

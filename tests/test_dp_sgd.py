@@ -127,18 +127,42 @@ def test_a_private_ala_step_clips_each_samples_weight_gradient_and_adds_the_nois
         torch.testing.assert_close(out.state[k], (weights[k] - eta * total[k] / batch_size).clamp(0, 1))
 
 
-# Ditto: v's training and w's; FedFTHA: the joint epoch, then the head's 2; FedRep: the head's 2, then the body's.
-@pytest.mark.parametrize("method, trainings", [("fedavg", 1), ("ditto", 2), ("fedftha", 3), ("fedrep", 3)])
-def test_a_target_epsilon_chooses_the_sigma_that_the_worst_client_reaches_it_with(digits_config, method, trainings):
-    options = {"method.head_epochs": 2} if method in ("fedftha", "fedrep") else {}
+# Epochs a client trains in 3 rounds. Ditto: v's training and w's; FedFTHA: the joint epoch, then the head's 2;
+# FedRep: the head's 2, then the body's; FedBABU: one a round, then 4 of fine-tuning in the last round.
+@pytest.mark.parametrize(
+    "method, options, epochs",
+    [
+        ("fedavg", {}, 3),
+        ("ditto", {}, 6),
+        ("fedftha", {"method.head_epochs": 2}, 9),
+        ("fedrep", {"method.head_epochs": 2}, 9),
+        ("fedbabu", {"method.fine_tuning_epochs": 4}, 7),
+    ],
+)
+def test_a_target_epsilon_chooses_the_sigma_that_the_worst_client_reaches_it_with(
+    digits_config, method, options, epochs
+):
     config = digits_config(**SAMPLE, **{"privacy.target_epsilon": 3.0, "method.name": method, **options})
     _, summary = run_experiment(config)
     sigma = summary["noise_multiplier"]
-    trainings = {(20 / n, 3 * trainings * math.ceil(n / 20)) for n in client_sizes(config)}
+    trainings = {(20 / n, epochs * math.ceil(n / 20)) for n in client_sizes(config)}
     assert sigma == max(
         get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=q, steps=s) for q, s in trainings
     )
     assert 3.0 - 0.01 <= summary["epsilon_max"] <= 3.0  # Opacus' tolerance: ε within 0.01 below the target
+
+
+def test_self_fls_target_epsilon_counts_l_max_steps_in_each_round_after_the_warm_up(digits_config):
+    """3 rounds, warm-up 1: one epoch in round 1, then up to l_max = 30 steps (more than an epoch) in rounds 2-3.
+    The steps Eq. 8 gives are known only as the run goes, so σ is the bound's and no client ends above the target."""
+    options = {"method.name": "selffl", "method.warmup_rounds": 1, "method.l_max": 30}
+    config = digits_config(**SAMPLE, **{"privacy.target_epsilon": 3.0, **options})
+    _, summary = run_experiment(config)
+    trainings = {(20 / n, math.ceil(n / 20) + 2 * max(30, math.ceil(n / 20))) for n in client_sizes(config)}
+    assert summary["noise_multiplier"] == max(
+        get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=q, steps=s) for q, s in trainings
+    )
+    assert summary["epsilon_max"] <= 3.0
 
 
 def run(digits_config, executor, **options):

@@ -25,7 +25,7 @@ hyperparameter) beside its class, which names it once (``name``) and points at t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 
 import torch
 from torch import nn
@@ -223,6 +223,14 @@ class Method:
         names each training, and private steps of its own on a fraction of the samples add ``share``
         (:func:`plfl.privacy.local_steps`)."""
         return [self.context.federation.local_length()]
+
+    def private_steps(self, steps: Callable[[dict[str, float]], int], rounds: int) -> int:
+        """The most local steps one client takes in a run of ``rounds`` rounds when it is sampled in every round,
+        ``steps`` counting one training's steps on the client's samples from its :class:`plfl.tasks.TrainTask`
+        keywords; ``privacy.target_epsilon``'s σ is computed for it. By default ``rounds`` × the
+        :meth:`local_lengths`; a method whose trainings vary from round to round (Self-FL) or that trains once
+        more in the last round (FedBABU) adds them."""
+        return rounds * sum(map(steps, self.local_lengths()))
 
     def train_task(self, client_id: int, params: Params, round_: int, stream: str, **options: Any) -> TrainTask:
         """Training from ``params`` on the client's :meth:`training_samples`, its batch order drawn from

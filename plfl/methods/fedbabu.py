@@ -24,7 +24,7 @@ the aggregated one, after one round more than it evaluates.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from torch import nn
 
@@ -77,6 +77,10 @@ class FedBABU(PartialSharing):
             return model
         tuned = yield self.train_task(client_id, model, round_, "fine_tuning", epochs=self.config.fine_tuning_epochs)
         return tuned.params
+
+    def private_steps(self, steps: Callable[[dict[str, float]], int], rounds: int) -> int:
+        """The rounds' trainings and the last round's fine-tuning, τ_f epochs."""
+        return super().private_steps(steps, rounds) + steps({"epochs": self.config.fine_tuning_epochs})
 
     def local_train(self, client_id: int, params: Params, message: Optional[Params], round_: int) -> Work[TrainResult]:
         """The body's epochs from the received body under the initial head, the head frozen."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -298,6 +298,15 @@ class SelfFL(Method):
         variance = welford_variance(count, m2)
         self.store.set(client_id, "selffl_sigma_sq", None if math.isnan(variance) else max(variance, self.config.eps))
         return result
+
+    def private_steps(self, steps: Callable[[dict[str, float]], int], rounds: int) -> int:
+        """With ``steps: rule``, a round after the warm-up trains l_max steps at most, or FedAvg's length where
+        it has no plan yet (:meth:`plan`): the longer of the two in each of those rounds."""
+        total = super().private_steps(steps, rounds)
+        if self.config.steps == "rule":
+            extra = steps({"steps": self.config.l_max}) - steps(self.context.federation.local_length())
+            total += max(0, rounds - self.config.warmup_rounds) * max(0, extra)
+        return total
 
     def clipped(self, rule_steps: int) -> int:
         """The local steps trained: Eq. 8's l_m clipped to [l_min, l_max]."""
