@@ -25,6 +25,7 @@ is the client's raw model (the server clips and noises the mean of the uploads, 
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -337,10 +338,12 @@ def invert(
 
     Returns:
         The run directory and what inversion.json holds: ``psnr`` and ``ssim`` per image (dB; in the data's
-        pixel range mapped to [0, 1]), their means, ``label_accuracy``, the true and recovered ``labels``,
+        pixel range mapped to [0, 1]; an exact reconstruction's is infinite), their means, ``label_accuracy``, the
+        true and recovered ``labels``,
         ``gradient_error`` (‖g − ∇ℓ(true batch)‖ / ‖∇ℓ(true batch)‖: 0 up to rounding without DP), the kept
         draw's ``gradient_distance`` (Σ‖∇ℓ(x') − g‖²), the ``attack``, ``iterations``, ``restarts``, ``client``,
-        ``round``, ``batch_size`` and ``privacy`` level.
+        ``round``, ``batch_size`` and ``privacy`` level. JSON has no infinity: the file holds null for each
+        number that is not finite.
 
     Raises:
         ConfigError: :func:`check_inversion`'s refusals (before any run), or a method whose client does not train
@@ -419,7 +422,7 @@ def invert(
         "gradient_error": error.item(),
         "gradient_distance": result.distance,
     }
-    (run_dir / "inversion.json").write_text(json.dumps(report, indent=2) + "\n")
+    (run_dir / "inversion.json").write_text(json.dumps(finite_or_null(report), indent=2, allow_nan=False) + "\n")
     save_pair(true_images, recon, run_dir / "inversion.png")
     return run_dir, report
 
@@ -432,6 +435,17 @@ def save_pair(true: torch.Tensor, recon: torch.Tensor, path: Path) -> None:
     scale = max(1, 64 // min(true.shape[-2:]))
     grid = torch.cat([true, recon]).float().repeat_interleave(scale, dim=-2).repeat_interleave(scale, dim=-1)
     save_image(grid, path, nrow=len(true), padding=2, pad_value=1.0)
+
+
+def finite_or_null(value: Any) -> Any:
+    """``value`` (numbers, lists and dicts of them) with each float that is not finite replaced by None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_null(v) for v in value]
+    return value
 
 
 def table(report: dict[str, Any]) -> str:

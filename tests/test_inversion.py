@@ -22,6 +22,7 @@ from plfl.inversion import (
     batch_gradient,
     check_inversion,
     dlg,
+    finite_or_null,
     idlg,
     idlg_label,
     invert,
@@ -158,6 +159,15 @@ def test_plfl_invert_writes_its_json_and_image_and_prints_the_table(digits_confi
     assert (run_dir / "inversion.png").read_bytes()[:4] == b"\x89PNG"
     page = write_report([run_dir], tmp_path / "report.html").read_text()
     assert f"mean PSNR {report['mean_psnr']:.2f} dB" in page and 'src="data:image/png;base64,' in page
+
+    # An exact reconstruction (MSE 0): its infinite PSNR is null in the file, which stays JSON, and ∞ on the page.
+    image = torch.rand(1, 1, 8, 8)
+    exact = psnr(image, image)
+    report.update(psnr=exact.tolist(), mean_psnr=exact.mean().item(), gradient_distance=math.nan)
+    (run_dir / "inversion.json").write_text(json.dumps(finite_or_null(report), allow_nan=False))
+    written = json.loads((run_dir / "inversion.json").read_text())
+    assert (written["psnr"], written["mean_psnr"], written["gradient_distance"]) == ([None], None, None)
+    assert "mean PSNR ∞ dB" in write_report([run_dir], tmp_path / "report.html").read_text()
 
 
 def test_dlg_on_a_batch_of_eight_reports_every_image(digits_config, tmp_path):

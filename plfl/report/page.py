@@ -85,7 +85,8 @@ def runs_table(runs: list[ReportRun]) -> str:
 
 def inversion_section(runs: list[ReportRun]) -> str:
     """For the runs ``plfl invert`` attacked: the attack, client, round and batch, mean PSNR (dB), mean SSIM and
-    label accuracy (inversion.json), and inversion.png inline (true images above their reconstructions)."""
+    label accuracy (inversion.json; ∞ dB where its PSNR is null: an exact reconstruction), and inversion.png inline
+    (true images above their reconstructions)."""
     parts = []
     for run in runs:
         if run.inversion is None:
@@ -95,7 +96,8 @@ def inversion_section(runs: list[ReportRun]) -> str:
         parts.append(
             f"<p>{html.escape(run.label)}: {i['attack'].upper()} on client {i['client']}'s upload of round "
             f"{i['round']} (B = {i['batch_size']}, privacy.level={html.escape(str(i['privacy']))}): mean PSNR "
-            f"{i['mean_psnr']:.2f} dB, mean SSIM {i['mean_ssim']:.3f}, label accuracy "
+            f"{'∞' if i['mean_psnr'] is None else format(i['mean_psnr'], '.2f')} dB, mean SSIM {i['mean_ssim']:.3f}, "
+            "label accuracy "
             f"{100 * i['label_accuracy']:.0f} %</p>"
             + (
                 f'<img alt="true images above their reconstructions" src="data:image/png;base64,{image}">'
