@@ -25,6 +25,8 @@ from plfl.experiment import run_experiment
 from plfl.sections import AttackConfig
 from plfl.seeding import derive_seed, malicious_clients
 
+from conftest import matrix_config
+
 
 @pytest.fixture
 def images() -> FederatedData:
@@ -227,3 +229,20 @@ def test_a_backdoor_succeeds_against_the_mean_and_less_against_the_median(digits
     success = {rule: s["final_backdoor_success"] for rule, s in summaries.items()}
     assert success["mean"] > 0.8 and success["median"] < success["mean"] - 0.3, success
     assert min(s["final_accuracy"] for s in summaries.values()) > 0.6, summaries
+
+
+@pytest.mark.parametrize("attack", ["backdoor", "sign_flip"])
+def test_poisoned_clients_under_a_robust_rule_train_vectorized_as_sequential(tmp_path, attack):
+    """The same poisoned clients and trimmed mean on the vectorized executor: the sequential executor's clean
+    accuracy and backdoor success per round, to 4 decimals."""
+    keys = {"attack.kind": attack, "attack.fraction": 0.4, "aggregation.rule": "trimmed_mean"}
+    runs = [run_experiment(matrix_config(tmp_path / e, "fedavg", e, **keys))[0] for e in ("sequential", "vectorized")]
+    columns = ("accuracy", "backdoor_success") if attack == "backdoor" else ("accuracy",)
+    sequential, vectorized = (
+        [
+            [round(float(row[c]), 4) for c in columns]
+            for row in csv.DictReader((run / "metrics.csv").read_text().splitlines())
+        ]
+        for run in runs
+    )
+    assert vectorized == sequential and len(sequential) == 4
