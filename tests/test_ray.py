@@ -209,17 +209,16 @@ def test_unseen_clients_and_partial_work_run_on_ray_as_on_the_sequential_executo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", ["backdoor", "sign_flip"])
-def test_poisoned_clients_under_a_robust_rule_run_on_ray_as_on_the_sequential_executor(local_ray, tmp_path, attack):
-    """A backdoor (poisoned training images, triggered test images as extra clients) and sign flipping (poisoned
-    uploads), each under the trimmed mean: bit for bit, the backdoor's success included."""
-    keys = {"attack.kind": attack, "attack.fraction": 0.4, "aggregation.rule": "trimmed_mean"}
+def test_a_backdoor_under_a_robust_rule_runs_on_ray_as_on_the_sequential_executor(local_ray, tmp_path):
+    """Poisoned training images on the actors, triggered test images as extra clients, the trimmed mean: bit for
+    bit, the backdoor's success included (upload attacks change the uploads on the server, whatever the executor)."""
+    keys = {"attack.kind": "backdoor", "attack.fraction": 0.4, "aggregation.rule": "trimmed_mean"}
     (sequential_run, ray_run) = (
         run_experiment(matrix_config(tmp_path / e, "fedavg", e, **keys))[0] for e in ("sequential", "ray")
     )
     for name in ("metrics.csv", "clients.csv"):
         assert rows(ray_run / name) == rows(sequential_run / name), name
-    assert attack != "backdoor" or rows(ray_run / "metrics.csv")[-1]["backdoor_success"]
+    assert rows(ray_run / "metrics.csv")[-1]["backdoor_success"]
 
 
 class DiesOnce(ClientWorker):
