@@ -9,6 +9,7 @@ trained parameters back. Nothing of a client stays in the module.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
@@ -262,7 +263,11 @@ class LocalTrainer:
         return TrainResult(trained, self.module.mean_train_loss, self.module.samples_seen)
 
     def evaluate(self, params: Params, x: torch.Tensor, y: torch.Tensor) -> EvalResult:
-        """Accuracy and mean loss of ``params`` on ``(x, y)``; x: ``(n, *input_shape)``, y: (n,)."""
+        """Accuracy and mean loss of ``params`` on ``(x, y)``; x: ``(n, *input_shape)``, y: (n,). With n = 0 (a
+        client whose split is empty, e.g. no triggered test image), 0 of 0 correct and a NaN loss, without a test
+        loop: Lightning and torchmetrics would warn on every such client in every evaluation."""
+        if not len(y):
+            return EvalResult(0, 0, math.nan)
         module = self.module
         module.model.load_state_dict(params)
         module.test_accuracy.reset()

@@ -1,5 +1,7 @@
 """plfl.batches' loader, ClientModule's attribute handling, the Trainer's float32 and input conversion."""
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -67,3 +69,13 @@ def test_local_training_converts_inputs_to_a_true_half_precision():
     assert result.samples_seen == 40 and torch.isfinite(torch.tensor(result.loss))
     assert {v.dtype for v in result.params.values()} == {torch.bfloat16}
     assert not torch.equal(result.params["weight"], start["weight"].bfloat16())  # four SGD steps moved it
+
+
+def test_an_empty_split_evaluates_to_nothing_without_a_warning(recwarn):
+    model = nn.Linear(8, 4)
+    trainer = LocalTrainer(ClientModule(model, 4, lr=0.1), build_trainer("cpu", 1, "32-true"), 10)
+    result = trainer.evaluate(model.state_dict(), torch.empty(0, 8), torch.empty(0, dtype=torch.long))
+    assert (result.correct, result.total) == (0, 0) and math.isnan(result.loss)
+    assert not recwarn.list, [str(w.message) for w in recwarn.list]
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    assert trainer.evaluate(model.state_dict(), x, y).total == 6
