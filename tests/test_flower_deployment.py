@@ -34,7 +34,7 @@ def test_a_loopback_deployment_runs_refuses_an_unregistered_node_and_survives_a_
     config = tmp_path / "digits.yaml"
     config.write_text(
         "data: {source: digits, num_clients: 6, beta: 0.5}\nmodel: {name: mlp, hidden_sizes: [32]}\n"
-        "federation: {rounds: 3, lr: 0.05, batch_size: 20, threads: 1}\nprogress_bar: false\n"
+        "federation: {rounds: 2, lr: 0.05, batch_size: 20, threads: 1}\nprogress_bar: false\n"
     )
     runs = tmp_path / "runs"
     cfg = load_config(config, [f"output_dir={runs}", "name=sequential"])
@@ -55,20 +55,20 @@ def test_a_loopback_deployment_runs_refuses_an_unregistered_node_and_survives_a_
         assert stranger.wait(timeout=120) != 0
         assert "Failed to activate SuperNode" in (tmp_path / "deployment" / "node-3.log").read_text()
 
-        overrides = f"output_dir={runs} name=killed federation.rounds=2"
+        overrides = f"output_dir={runs} name=killed federation.rounds=1"
         run = threading.Thread(target=deployment.run, args=(app, f"overrides='{overrides}'", 900))
         run.start()
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not (
-            any((runs / "killed").glob("*/metrics.csv")) and len(metrics(run_dir_of(runs, "killed"))) >= 2
+            any((runs / "killed").glob("*/metrics.csv")) and len(metrics(run_dir_of(runs, "killed"))) >= 1
         ):
             time.sleep(0.5)
-        deployment.kill("node-2")  # round 2 has started: clients 2 and 5 are training on it
+        deployment.kill("node-2")  # round 0 is evaluated: round 1 starts on clients 2 and 5 too
         run.join()
     killed = run_dir_of(runs, "killed")
     summary = json.loads((killed / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["rounds"] == 2
-    assert {(f["round"], f["client"]) for f in summary["client_failures"]} == {(2, 2), (2, 5)}
+    assert summary["status"] == "completed" and summary["rounds"] == 1
+    assert {(f["round"], f["client"]) for f in summary["client_failures"]} == {(1, 2), (1, 5)}
     assert all(f["reason"].startswith("SuperNode ") for f in summary["client_failures"])
     last = metrics(killed)[-1]
     assert (last["failed_clients"], last["unreachable_clients"]) == ("2", "2")
