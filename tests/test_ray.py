@@ -1,7 +1,7 @@
 """The Ray executor and plfl sweep --parallel: the same results as sequential, dead actors replaced, clear errors.
 
-One local Ray of 2 CPUs serves the module (``local_ray``). The test against a head node started apart runs
-first, because ``ray stop`` stops every Ray on the machine.
+One local Ray of 2 CPUs serves the module (``local_ray``). The head node started apart is stopped by its process
+group, not by ``ray stop``, which would stop every Ray on the machine (another test worker's among them).
 """
 
 import csv
@@ -89,13 +89,27 @@ def plfl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+def stop_process_group(group: int, grace: float = 10.0) -> None:
+    """SIGTERM every process of ``group``, then SIGKILL those left after ``grace`` seconds (``ray stop``'s way, for
+    one cluster only)."""
+    try:
+        os.killpg(group, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            os.killpg(group, 0)  # ProcessLookupError once the group is empty
+            time.sleep(0.2)
+        os.killpg(group, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 @pytest.mark.slow
 def test_a_federation_runs_on_a_ray_head_node_started_apart(tmp_path, digits_config):
     port, token = free_port(), secrets.token_hex(32)
     # A cluster as its user starts it, with token authentication (RAY_AUTH_TOKEN instead of ~/.ray/auth_token).
     env = environment(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
     with tempfile.TemporaryDirectory(prefix="plfl-ray-") as temp_dir:  # short: Ray's socket paths have a limit
-        start = subprocess.run(
+        head = subprocess.Popen(
             [
                 RAY,
                 "start",
@@ -109,20 +123,22 @@ def test_a_federation_runs_on_a_ray_head_node_started_apart(tmp_path, digits_con
                 "--include-dashboard=false",
                 "--disable-usage-stats",
             ],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=300,
             env=env,
             cwd=tmp_path,
+            start_new_session=True,  # the head's processes keep this group; its workers end with its raylet
         )
         try:
-            assert start.returncode == 0, start.stderr
+            _, err = head.communicate(timeout=300)
+            assert head.returncode == 0, err
             config = tiny_config(tmp_path, 3, ray="{address: auto}")
             out = plfl("fit", "--config", str(config), env={**env, "RAY_ADDRESS": f"127.0.0.1:{port}"})
             assert out.returncode == 0, out.stderr
             assert "Connected to Ray cluster" in out.stderr
         finally:
-            subprocess.run([RAY, "stop"], capture_output=True, timeout=300, env=env)
+            stop_process_group(head.pid)
     on_cluster = Path(out.stdout.strip().splitlines()[-1].removeprefix("Run directory: "))
     sequential, _ = run_experiment(digits_config())
     assert results(on_cluster) == results(sequential)
